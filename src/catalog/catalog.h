@@ -1,0 +1,112 @@
+#pragma once
+// The in-memory catalogue of one dataset generation: a compact, immutable tree decoded from the
+// manifest. About 64 bytes per entry plus its name (and metadata bytes, when present).
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dsfs::catalog {
+
+enum class ChecksumKind : uint8_t { kNone = 0, kXxh64 = 1, kCrc32c = 2 };
+
+inline constexpr uint32_t kNoLabel = UINT32_MAX;
+inline constexpr uint32_t kRootIndex = 0;
+
+// Entries are stored breadth-first: the root is entry 0, and every directory's children are
+// contiguous and sorted by name (bytewise), so lookup is a binary search and readdir a range.
+struct CatalogEntry {
+  uint32_t parent;        // entry index of the parent directory (root: 0)
+  uint32_t name_offset;   // into Catalog::names()
+  uint16_t name_length;
+  uint8_t is_dir;         // 1 directory, 0 regular file
+  uint8_t reserved = 0;
+  uint32_t mode;          // permission bits only (e.g. 0644)
+  uint32_t label;         // class index, or kNoLabel
+  uint32_t first_child;   // directories: index of first child; files: 0
+  uint32_t child_count;   // directories: number of children; files: 0
+  uint32_t metadata_length;
+  int64_t mtime_ns;
+  uint64_t size;          // file size in bytes; directories: 0
+  uint64_t object_id;     // files: object id in Redis; directories: 0
+  uint64_t checksum;      // of the whole file, per Catalog::checksum_kind()
+  uint64_t metadata_offset;  // into Catalog::metadata()
+};
+
+class Catalog {
+ public:
+  Catalog() = default;
+
+  size_t entry_count() const { return entries_.size(); }
+  size_t file_count() const { return file_count_; }
+  size_t directory_count() const { return entries_.size() - file_count_; }
+  uint64_t total_bytes() const { return total_bytes_; }
+  ChecksumKind checksum_kind() const { return checksum_kind_; }
+  uint64_t chunk_size() const { return chunk_size_; }
+  const std::vector<std::string>& classes() const { return classes_; }
+
+  const CatalogEntry& entry(uint32_t index) const { return entries_[index]; }
+  std::string_view name(uint32_t index) const;
+  std::string_view metadata(uint32_t index) const;  // JSON object text, or empty
+  // Path relative to the dataset root, '/'-separated ("" for the root).
+  std::string path(uint32_t index) const;
+  // Child of directory `dir` named `name`, if any.
+  std::optional<uint32_t> lookup(uint32_t dir, std::string_view name) const;
+  // Entry for a relative path such as "cls/img.jpg".
+  std::optional<uint32_t> find(std::string_view relative_path) const;
+  // Objects needed for a file: ceil(size / chunk_size), at least 1; a file with one chunk is
+  // stored under the plain object key, more under object_chunk keys.
+  uint64_t chunk_count(uint32_t index) const;
+
+  // Approximate bytes this catalogue holds in memory (for stats and the memory benchmark).
+  size_t memory_bytes() const;
+
+ private:
+  friend class CatalogBuilder;
+  friend Catalog decode_manifest(std::span<const std::byte>);
+  std::vector<CatalogEntry> entries_;
+  std::string names_;
+  std::string metadata_;
+  std::vector<std::string> classes_;
+  ChecksumKind checksum_kind_ = ChecksumKind::kXxh64;
+  uint64_t chunk_size_ = 0;
+  size_t file_count_ = 0;
+  uint64_t total_bytes_ = 0;
+};
+
+// Builds a Catalog from files added in any order (ingest side). Directories are created for
+// every path prefix; add_directory is only needed for empty directories or to set mtime/mode.
+class CatalogBuilder {
+ public:
+  CatalogBuilder(ChecksumKind checksum_kind, uint64_t chunk_size);
+  void set_classes(std::vector<std::string> classes);
+  // relative_path: '/'-separated components each valid per is_valid_path_component; throws
+  // std::invalid_argument otherwise or on a duplicate path. Returns nothing: object ids are
+  // assigned by add order via `object_id`.
+  void add_file(std::string_view relative_path, uint64_t size, int64_t mtime_ns, uint32_t mode,
+                uint64_t object_id, uint32_t label, uint64_t checksum, std::string metadata_json);
+  void add_directory(std::string_view relative_path, int64_t mtime_ns, uint32_t mode);
+  // Sorts into breadth-first order and produces the catalogue.
+  Catalog build() &&;
+
+ private:
+  struct PendingEntry {
+    std::string path;
+    bool is_dir;
+    uint64_t size;
+    int64_t mtime_ns;
+    uint32_t mode;
+    uint64_t object_id;
+    uint32_t label;
+    uint64_t checksum;
+    std::string metadata;
+  };
+  ChecksumKind checksum_kind_;
+  uint64_t chunk_size_;
+  std::vector<std::string> classes_;
+  std::vector<PendingEntry> pending_;
+};
+
+}  // namespace dsfs::catalog

@@ -1,0 +1,18 @@
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace dsfs::catalog {
+
+// A dataset name is [A-Za-z0-9._-]{1,128} and not "." or "..".
+bool is_valid_dataset_name(std::string_view name);
+// Throws std::invalid_argument: "invalid dataset name 'x y': use 1-128 of A-Z a-z 0-9 . _ -".
+void validate_dataset_name(std::string_view name);
+
+// One path component inside a dataset: 1-255 bytes, no '/', no NUL, not "." or "..".
+bool is_valid_path_component(std::string_view component);
+
+// Namespace: [A-Za-z0-9._-]{1,64}. Throws std::invalid_argument naming it.
+void validate_namespace(std::string_view ns);
+
+}  // namespace dsfs::catalog

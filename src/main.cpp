@@ -1,0 +1,39 @@
+// The dsfs command: registers each subcommand and maps failures to exit statuses.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "fs/mount_command.h"
+#include "src/cli/common.h"
+#include "src/cli/server_command.h"
+#include "tools/admin_commands.h"
+#include "tools/ingest_command.h"
+#include "tools/synth_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dsfs serves deep-learning datasets stored in Redis as a read-only FUSE filesystem.\n"
+      "Without --redis (or DSFS_REDIS) every command uses the embedded redis-server under\n"
+      "$DSFS_HOME (default ~/.local/share/dsfs), starting it when needed.",
+      "dsfs"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dsfs 0.1.0");
+  dsfs::cli::GlobalOptions global;
+
+  dsfs::cli::register_server_command(app, global);
+  dsfs::tools::register_synth_command(app, global);
+  dsfs::tools::register_ingest_command(app, global);
+  dsfs::tools::register_admin_commands(app, global);
+  dsfs::fs::register_mount_commands(app, global);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const dsfs::cli::ExitCode& e) {
+    return e.code;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dsfs: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,94 @@
+#pragma once
+// One RAII hiredis connection, with AUTH/SELECT done at connect and pipelining.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/store/redis_url.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace dsfs::store {
+
+// Owns one redisReply tree (freed on destruction). Movable, not copyable.
+class Reply {
+ public:
+  Reply() = default;
+  explicit Reply(redisReply* raw);
+  Reply(Reply&&) noexcept;
+  Reply& operator=(Reply&&) noexcept;
+  Reply(const Reply&) = delete;
+  Reply& operator=(const Reply&) = delete;
+  ~Reply();
+
+  bool is_nil() const;
+  bool is_error() const;
+  bool is_string() const;   // bulk or status string
+  bool is_integer() const;
+  bool is_array() const;
+  std::string_view str() const;  // bulk/status/error text; empty otherwise
+  long long integer() const;     // integer replies; throws ReplyError otherwise
+  size_t size() const;           // array length; 0 otherwise
+  // Borrowed view of element i of an array reply (valid while *this lives).
+  const redisReply* element(size_t i) const;
+  static std::string_view element_str(const redisReply* r);
+  // Throws ReplyError with `context` if this is an error reply; returns *this.
+  const Reply& expect_ok(std::string_view context) const;
+  redisReply* raw() const { return raw_; }
+
+ private:
+  redisReply* raw_ = nullptr;
+};
+
+struct ConnectOptions {
+  std::chrono::milliseconds connect_timeout{2000};
+  // Read/write timeout of every command; a stalled server then breaks the connection.
+  std::chrono::milliseconds io_timeout{10000};
+};
+
+class Connection {
+ public:
+  // Connects, AUTHs and SELECTs. Throws ConnectionError (unreachable, timeout) or
+  // ReplyError (AUTH refused), with a message naming endpoint.describe().
+  Connection(const RedisEndpoint& endpoint, const ConnectOptions& options = {});
+  Connection(Connection&&) noexcept;
+  Connection& operator=(Connection&&) noexcept;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection();
+
+  // Runs one command (binary-safe arguments). Throws ConnectionError on I/O failure
+  // (after which broken() is true). Error replies are returned, not thrown.
+  Reply command(std::span<const std::string_view> argv);
+  Reply command(std::initializer_list<std::string_view> argv);
+
+  // Pipelining: queue commands, then read their replies in order.
+  void append(std::span<const std::string_view> argv);
+  void append(std::initializer_list<std::string_view> argv);
+  Reply read_reply();  // flushes queued commands; throws ConnectionError on failure
+  size_t pending() const { return pending_; }
+
+  bool broken() const { return broken_; }
+  const RedisEndpoint& endpoint() const { return endpoint_; }
+
+ private:
+  [[noreturn]] void fail(std::string_view what);
+  RedisEndpoint endpoint_;
+  redisContext* ctx_ = nullptr;
+  size_t pending_ = 0;
+  bool broken_ = false;
+};
+
+// Runs `commands` on `conn` with at most `window` outstanding, calling on_reply(index, reply)
+// for each reply in order. Throws ConnectionError if the connection breaks.
+template <typename Commands, typename OnReply>
+void pipeline(Connection& conn, const Commands& commands, size_t window, OnReply&& on_reply);
+
+}  // namespace dsfs::store
+
+#include "src/store/pipeline_impl.h"

@@ -1,0 +1,64 @@
+#pragma once
+// A bounded pool of connections to one endpoint, reconnecting lazily after failures.
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "src/store/connection.h"
+
+namespace dsfs::store {
+
+class ConnectionPool {
+ public:
+  ConnectionPool(RedisEndpoint endpoint, size_t max_connections, ConnectOptions options = {});
+  ~ConnectionPool();
+  ConnectionPool(const ConnectionPool&) = delete;
+  ConnectionPool& operator=(const ConnectionPool&) = delete;
+
+  // A borrowed connection; returned to the pool on destruction unless it broke.
+  class Lease {
+   public:
+    Lease(ConnectionPool* pool, std::unique_ptr<Connection> conn);
+    Lease(Lease&&) noexcept;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+    Connection& operator*() const { return *conn_; }
+    Connection* operator->() const { return conn_.get(); }
+
+   private:
+    ConnectionPool* pool_;
+    std::unique_ptr<Connection> conn_;
+  };
+
+  // Blocks while all max_connections are lent out. Connects when no idle connection exists;
+  // throws ConnectionError/ReplyError if that fails.
+  Lease acquire();
+
+  const RedisEndpoint& endpoint() const { return endpoint_; }
+  // Total connects made (first connects plus reconnects), for stats.
+  uint64_t connects() const;
+
+ private:
+  void give_back(std::unique_ptr<Connection> conn);
+  RedisEndpoint endpoint_;
+  ConnectOptions options_;
+  size_t max_connections_;
+  mutable std::mutex mutex_;
+  std::condition_variable available_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+  size_t lent_ = 0;
+  uint64_t connects_ = 0;
+};
+
+// Calls fn() until it returns without throwing ConnectionError, sleeping with exponential
+// backoff (50 ms doubling to 1 s) between tries, until `budget` has passed; then rethrows the
+// last ConnectionError. ReplyError and other exceptions propagate at once.
+template <typename Fn>
+auto with_retry(std::chrono::milliseconds budget, Fn&& fn) -> decltype(fn());
+
+}  // namespace dsfs::store
+
+#include "src/store/retry_impl.h"
