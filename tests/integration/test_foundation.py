@@ -1,0 +1,297 @@
+"""End-to-end: ingest a synthetic ImageFolder tree plus awkward files into a real redis-server,
+mount it with FUSE, and check it behaves as an ordinary read-only copy of the source."""
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import unittest
+
+from harness import DSFS, DsfsTestCase, RedisServer, is_mounted, run
+
+SOURCE = None  # module-wide source tree: synth output plus awkward files
+
+
+def setUpModule():
+    global SOURCE
+    base = tempfile.mkdtemp(prefix="dsfs-src-")
+    SOURCE = os.path.join(base, "src")
+    run([DSFS, "synth", SOURCE, "--classes", "3", "--per-class", "8", "--seed", "7"])
+    awkward = os.path.join(SOURCE, "class_0001")
+    with open(os.path.join(awkward, "name with spaces.JPEG"), "wb") as f:
+        f.write(b"\xff\xd8not really a jpeg, but bytes are bytes")
+    os.makedirs(os.path.join(SOURCE, "ünïcødé klass", "nested", "deeper"))
+    with open(os.path.join(SOURCE, "ünïcødé klass", "nested", "deeper", "файл.txt"), "w") as f:
+        f.write("non-JPEG text file in a nested directory\n")
+    open(os.path.join(SOURCE, "ünïcødé klass", "empty.bin"), "wb").close()
+    os.makedirs(os.path.join(SOURCE, "class_0002", "empty dir"))
+    # Larger than the 4 MiB default chunk: stored as several chunk keys.
+    with open(os.path.join(SOURCE, "class_0000", "big.bin"), "wb") as f:
+        f.write(os.urandom(9 * 1024 * 1024 + 123))
+    os.utime(os.path.join(awkward, "name with spaces.JPEG"), (1_500_000_000, 1_500_000_000))
+
+
+def tearDownModule():
+    shutil.rmtree(os.path.dirname(SOURCE), ignore_errors=True)
+
+
+def files_under(root):
+    out = {}
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = path
+    return out
+
+
+def torchvision_classes(root):
+    return sorted(e.name for e in os.scandir(root) if e.is_dir())
+
+
+class IngestMountTest(DsfsTestCase):
+    def setUp(self):
+        super().setUp()
+        self.dsfs("ingest", SOURCE, "--dataset", "imgs")
+        self.mnt = self.mount("--timeout", "3s")
+        self.ds = os.path.join(self.mnt, "imgs")
+
+    def test_tree_matches_source(self):
+        run(["diff", "-r", SOURCE, self.ds])
+        src_files = files_under(SOURCE)
+        mnt_files = files_under(self.ds)
+        self.assertEqual(sorted(src_files), sorted(mnt_files))
+        for rel, path in src_files.items():
+            s, m = os.stat(path), os.stat(mnt_files[rel])
+            self.assertEqual(s.st_size, m.st_size, rel)
+            self.assertEqual(int(s.st_mtime), int(m.st_mtime), rel)
+        self.assertTrue(os.path.isdir(os.path.join(self.ds, "class_0002", "empty dir")))
+        # Nothing extra inside the dataset's own tree.
+        self.assertEqual(sorted(os.listdir(self.ds)), sorted(os.listdir(SOURCE)))
+        self.assertIn(".meta", os.listdir(self.mnt))
+        self.assertIn(".dsfs", os.listdir(self.mnt))
+
+    def test_shell_tools(self):
+        src_sums = run(["bash", "-c", "cd '%s' && find . -type f -print0 | sort -z | "
+                        "xargs -0 md5sum" % SOURCE]).stdout
+        mnt_sums = run(["bash", "-c", "cd '%s' && find . -type f -print0 | sort -z | "
+                        "xargs -0 md5sum" % self.ds]).stdout
+        self.assertEqual(src_sums, mnt_sums)
+        copy = os.path.join(self.tmp, "copy")
+        run(["cp", "-r", self.ds, copy])
+        run(["diff", "-r", SOURCE, copy])
+        tar_path = os.path.join(self.tmp, "t.tar")
+        run(["tar", "-C", self.mnt, "-cf", tar_path, "imgs"])
+        with tarfile.open(tar_path) as t:
+            names = {m.name for m in t.getmembers() if m.isfile()}
+        self.assertEqual(names, {"imgs/" + r for r in files_under(SOURCE)})
+        du = int(run(["du", "-s", "--apparent-size", "-B1", self.ds]).stdout.split()[0])
+        self.assertGreater(du, sum(os.path.getsize(p) for p in files_under(SOURCE).values()))
+        ls = run(["ls", "-la", os.path.join(self.ds, "class_0001")]).stdout
+        self.assertIn("name with spaces.JPEG", ls)
+
+    def test_meta_labels_xattrs(self):
+        classes = torchvision_classes(SOURCE)
+        meta = os.path.join(self.mnt, ".meta", "imgs")
+        with open(os.path.join(meta, "classes.txt"), encoding="utf-8") as f:
+            self.assertEqual(f.read().splitlines(), classes)
+        import csv
+        with open(os.path.join(meta, "labels.csv"), encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f))
+        self.assertEqual(rows[0], ["path", "label"])
+        labels = {r[0]: r[1] for r in rows[1:]}
+        src_files = files_under(SOURCE)
+        self.assertEqual(sorted(labels), sorted(src_files))
+        for rel in src_files:
+            top = rel.split("/")[0]
+            expected = str(classes.index(top)) if "/" in rel else ""
+            self.assertEqual(labels[rel], expected, rel)
+            path = os.path.join(self.ds, rel)
+            if expected:
+                self.assertEqual(os.getxattr(path, "user.dsfs.label").decode(), expected)
+                self.assertEqual(os.getxattr(path, "user.dsfs.class").decode(), top)
+                self.assertIn("user.dsfs.label", os.listxattr(path))
+        with open(os.path.join(meta, "info.json")) as f:
+            info = json.load(f)
+        self.assertEqual(json.dumps(info).count("imgs") >= 1, True)
+        flat = json.dumps(info)
+        self.assertIn(str(len(src_files)), flat)
+        with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
+            stats = json.load(f)
+        self.assertIsInstance(stats, dict)
+
+    def test_writes_are_refused(self):
+        target = os.path.join(self.ds, "class_0000", "big.bin")
+        attempts = [
+            lambda: open(target, "r+b").write(b"x"),
+            lambda: open(os.path.join(self.ds, "new.txt"), "w"),
+            lambda: os.mkdir(os.path.join(self.ds, "newdir")),
+            lambda: os.rename(target, target + ".moved"),
+            lambda: os.unlink(target),
+            lambda: os.truncate(target, 0),
+            lambda: os.chmod(target, 0o777),
+            lambda: os.setxattr(target, "user.x", b"1"),
+        ]
+        for attempt in attempts:
+            with self.assertRaises(OSError) as ctx:
+                attempt()
+            self.assertEqual(ctx.exception.errno, errno.EROFS, ctx.exception)
+        run(["diff", "-r", SOURCE, self.ds])
+
+    def test_redis_outage_gives_eio_then_recovers(self):
+        files = sorted(files_under(self.ds).values())
+        with open(files[0], "rb") as f:
+            f.read()
+        self.redis.stop()
+        start = time.monotonic()
+        with self.assertRaises(OSError) as ctx:
+            with open(files[1], "rb") as f:
+                f.read()
+        self.assertEqual(ctx.exception.errno, errno.EIO)
+        # --timeout 3s: bounded, not hung (generous margin; this is not a timing assertion
+        # about speed, only that the read gave up instead of hanging forever).
+        self.assertLess(time.monotonic() - start, 60)
+        self.redis.start()
+        with open(files[1], "rb") as f:
+            data = f.read()
+        rel = os.path.relpath(files[1], self.ds)
+        with open(os.path.join(SOURCE, rel), "rb") as f:
+            self.assertEqual(data, f.read())
+
+    def test_reingest_keeps_open_readers_and_snapshot(self):
+        big = os.path.join(self.ds, "class_0000", "big.bin")
+        with open(os.path.join(SOURCE, "class_0000", "big.bin"), "rb") as f:
+            original = f.read()
+        changed = os.path.join(self.tmp, "changed")
+        shutil.copytree(SOURCE, changed)
+        with open(os.path.join(changed, "class_0000", "big.bin"), "wb") as f:
+            f.write(b"replaced" * 1000)
+        with open(big, "rb") as reader:
+            head = reader.read(1 << 20)
+            self.dsfs("ingest", changed, "--dataset", "imgs")
+            rest = reader.read()
+        self.assertEqual(head + rest, original)
+        # The mount keeps its snapshot; a new mount sees the new generation.
+        run(["diff", "-r", SOURCE, self.ds])
+        mnt2 = self.mount(name="mnt2")
+        run(["diff", "-r", changed, os.path.join(mnt2, "imgs")])
+        self.umount(mnt2)
+
+    def test_sigterm_unmounts(self):
+        pid = int(run(["pgrep", "-f", f"dsfs mount {self.mnt}"]).stdout.split()[0])
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while is_mounted(self.mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertFalse(is_mounted(self.mnt))
+
+
+class CommandErrorsTest(DsfsTestCase):
+    def test_mountpoint_errors(self):
+        res = self.dsfs("mount", os.path.join(self.tmp, "missing"), check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("missing", res.stderr)
+        self.dsfs("ingest", os.path.join(SOURCE, "class_0000"), "--dataset", "one")
+        mnt = self.mount()
+        res = self.dsfs("mount", mnt, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("mount", res.stderr.lower())
+
+    def test_unreachable_redis(self):
+        os.makedirs(os.path.join(self.tmp, "m"))
+        dead = RedisServer(self.tmp)  # never started: nothing listens on its port
+        start = time.monotonic()
+        res = run([DSFS, "mount", os.path.join(self.tmp, "m"), "--redis", dead.url],
+                  check=False, env=self.env, timeout=120)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn(str(dead.port), res.stderr)
+        self.assertLess(time.monotonic() - start, 60)
+        self.assertFalse(is_mounted(os.path.join(self.tmp, "m")))
+
+    def test_bad_ingest_inputs(self):
+        for args in (["ingest", SOURCE, "--dataset", "bad name!"],
+                     ["ingest", os.path.join(self.tmp, "nope"), "--dataset", "x"],
+                     ["info", "nope"], ["rm", "nope"]):
+            res = self.dsfs(*args, check=False)
+            self.assertNotEqual(res.returncode, 0, args)
+            self.assertTrue(res.stderr.strip(), args)
+        self.assertEqual(self.redis.cli("DBSIZE").strip(), "0")
+
+    def test_failed_ingest_keeps_previous_generation(self):
+        self.dsfs("ingest", SOURCE, "--dataset", "imgs")
+        before = json.loads(self.dsfs("info", "imgs", "--json").stdout)
+        broken_tar = os.path.join(self.tmp, "broken.tar")
+        run(["tar", "-C", SOURCE, "-cf", broken_tar, "."])
+        size = os.path.getsize(broken_tar)
+        with open(broken_tar, "r+b") as f:
+            f.truncate(size // 2)
+        res = self.dsfs("ingest", broken_tar, "--dataset", "imgs", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        after = json.loads(self.dsfs("info", "imgs", "--json").stdout)
+        self.assertEqual(before["generation"], after["generation"])
+        mnt = self.mount()
+        run(["diff", "-r", SOURCE, os.path.join(mnt, "imgs")])
+
+    def test_tar_list_info_rm(self):
+        tar_path = os.path.join(self.tmp, "src.tar")
+        run(["tar", "-C", SOURCE, "-cf", tar_path, "."])
+        self.dsfs("ingest", tar_path, "--dataset", "fromtar")
+        self.assertIn("fromtar", self.dsfs("list").stdout)
+        info = json.loads(self.dsfs("info", "fromtar", "--json").stdout)
+        self.assertEqual(info["file_count"], len(files_under(SOURCE)))
+        mnt = self.mount()
+        run(["diff", "-r", SOURCE, os.path.join(mnt, "fromtar")])
+        self.umount(mnt)
+        self.dsfs("rm", "fromtar")
+        self.assertNotIn("fromtar", self.dsfs("list").stdout)
+        self.assertEqual(self.redis.cli("DBSIZE").strip(), "0")
+
+
+class AuthTest(DsfsTestCase):
+    redis_password = "s3cret pass"
+
+    def test_password_and_acl_user(self):
+        from urllib.parse import quote
+        url = f"redis://:{quote(self.redis_password)}@127.0.0.1:{self.redis.port}"
+        run([DSFS, "ingest", os.path.join(SOURCE, "class_0002"), "--dataset", "a",
+             "--redis", url], env=self.env)
+        self.redis.cli("ACL", "SETUSER", "trainer", "on", ">pw2", "~*", "+@all")
+        user_url = f"redis://trainer:pw2@127.0.0.1:{self.redis.port}"
+        self.assertIn("a", run([DSFS, "list", "--redis", user_url], env=self.env).stdout)
+        wrong = f"redis://trainer:wrong@127.0.0.1:{self.redis.port}"
+        res = run([DSFS, "list", "--redis", wrong], env=self.env, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertNotIn("wrong", res.stderr)  # the password is never echoed
+        env = dict(self.env, DSFS_REDIS=user_url)
+        self.assertIn("a", run([DSFS, "list"], env=env).stdout)
+
+
+class EmbeddedServerTest(DsfsTestCase):
+    def tearDown(self):
+        run([DSFS, "server", "stop"], env=self.env, check=False)
+        super().tearDown()
+
+    def test_embedded_default(self):
+        res = run([DSFS, "server", "status"], env=self.env, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        run([DSFS, "server", "start"], env=self.env)
+        self.assertEqual(run([DSFS, "server", "status"], env=self.env).returncode, 0)
+        run([DSFS, "ingest", os.path.join(SOURCE, "class_0001"), "--dataset", "emb"],
+            env=self.env)
+        run([DSFS, "server", "stop"], env=self.env)
+        # Any command starts it again; the data survived.
+        self.assertIn("emb", run([DSFS, "list"], env=self.env).stdout)
+        mnt = os.path.join(self.tmp, "m")
+        os.makedirs(mnt)
+        run([DSFS, "mount", mnt], env=self.env)
+        self.mounts.append(mnt)
+        run(["diff", "-r", os.path.join(SOURCE, "class_0001"), os.path.join(mnt, "emb")])
+
+
+if __name__ == "__main__":
+    unittest.main()
