@@ -1,0 +1,481 @@
+// Connection, Reply, pipeline and ConnectionPool against real redis-server processes.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/store/connection.h"
+#include "src/store/errors.h"
+#include "src/store/pool.h"
+
+extern char** environ;
+
+namespace dsfs::store {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+// A socket bound to a port the kernel picked; closing it leaves the port free for a server.
+class BoundSocket {
+ public:
+  BoundSocket() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    if (fd_ < 0) throw std::runtime_error("socket() failed");
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+      throw std::runtime_error("bind() failed");
+    }
+    socklen_t length = sizeof address;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+  }
+  BoundSocket(const BoundSocket&) = delete;
+  BoundSocket& operator=(const BoundSocket&) = delete;
+  ~BoundSocket() { ::close(fd_); }
+  int fd() const { return fd_; }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+int free_port() {
+  return BoundSocket().port();
+}
+
+// A throwaway redis-server on 127.0.0.1 with its own directory; stop()/start() keep the port.
+class RedisProcess {
+ public:
+  explicit RedisProcess(std::vector<std::string> extra_args = {})
+      : port_(free_port()),
+        dir_(std::filesystem::temp_directory_path() /
+             ("dsfs-store-test-" + std::to_string(::getpid()) + "-" + std::to_string(port_))),
+        extra_args_(std::move(extra_args)) {
+    std::filesystem::create_directories(dir_);
+    start();
+  }
+  RedisProcess(const RedisProcess&) = delete;
+  RedisProcess& operator=(const RedisProcess&) = delete;
+  ~RedisProcess() {
+    stop();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  void start() {
+    std::vector<std::string> args = {"redis-server",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_.string(),
+                                     "--logfile",
+                                     (dir_ / "redis.log").string()};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    std::vector<char*> argv;
+    for (auto& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
+      throw std::runtime_error("cannot run redis-server");
+    }
+    // Ready once it accepts connections (AUTH-less PING may be refused, which is fine here).
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(static_cast<uint16_t>(port_));
+      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+      ::close(fd);
+      if (up) return;
+      std::this_thread::sleep_for(50ms);
+    }
+    throw std::runtime_error("redis-server did not start on port " + std::to_string(port_));
+  }
+
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = 0;
+  }
+
+  int port() const { return port_; }
+  RedisEndpoint endpoint(std::string user = {}, std::string password = {}, int db = 0) const {
+    RedisEndpoint endpoint;
+    endpoint.host = "127.0.0.1";
+    endpoint.port = port_;
+    endpoint.user = std::move(user);
+    endpoint.password = std::move(password);
+    endpoint.db = db;
+    return endpoint;
+  }
+
+ private:
+  int port_;
+  pid_t pid_ = 0;
+  std::filesystem::path dir_;
+  std::vector<std::string> extra_args_;
+};
+
+class ConnectionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { redis_ = new RedisProcess(); }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+  }
+  void SetUp() override { Connection(redis_->endpoint()).command({"FLUSHALL"}); }
+  static RedisProcess* redis_;
+};
+RedisProcess* ConnectionTest::redis_ = nullptr;
+
+TEST_F(ConnectionTest, CommandRoundTripsBinaryValues) {
+  Connection conn(redis_->endpoint());
+  const std::string value("a\0b\r\n\xff", 6);
+  EXPECT_EQ(conn.command({"SET", "k", value}).str(), "OK");
+  Reply reply = conn.command({"GET", "k"});
+  ASSERT_TRUE(reply.is_string());
+  EXPECT_EQ(reply.str(), value);
+  EXPECT_TRUE(conn.command({"GET", "missing"}).is_nil());
+  EXPECT_EQ(conn.command({"INCRBY", "n", "41"}).integer(), 41);
+}
+
+TEST_F(ConnectionTest, EmptyArgumentsAreSent) {
+  Connection conn(redis_->endpoint());
+  conn.command({"SET", "empty", std::string_view{}}).expect_ok("SET");
+  EXPECT_EQ(conn.command({"STRLEN", "empty"}).integer(), 0);
+  EXPECT_TRUE(conn.command({"EXISTS", "empty"}).integer() == 1);
+}
+
+TEST_F(ConnectionTest, LargeValueSurvivesRoundTrip) {
+  Connection conn(redis_->endpoint());
+  std::string big(9 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 2654435761u >> 13);
+  conn.command({"SET", "big", big}).expect_ok("SET big");
+  Reply reply = conn.command({"GET", "big"});
+  ASSERT_EQ(reply.str().size(), big.size());
+  EXPECT_TRUE(reply.str() == big);
+}
+
+TEST_F(ConnectionTest, ErrorRepliesAreReturnedNotThrown) {
+  Connection conn(redis_->endpoint());
+  conn.command({"SET", "s", "text"});
+  Reply reply = conn.command({"INCR", "s"});
+  EXPECT_TRUE(reply.is_error());
+  EXPECT_THAT(std::string(reply.str()), HasSubstr("not an integer"));
+  EXPECT_THROW(reply.expect_ok("INCR s"), ReplyError);
+  EXPECT_THROW(reply.integer(), ReplyError);
+  EXPECT_FALSE(conn.broken());
+  EXPECT_EQ(conn.command({"PING"}).str(), "PONG");
+}
+
+TEST_F(ConnectionTest, ArrayRepliesExposeElements) {
+  Connection conn(redis_->endpoint());
+  conn.command({"RPUSH", "list", "x", "yy", "zzz"});
+  Reply reply = conn.command({"LRANGE", "list", "0", "-1"});
+  ASSERT_TRUE(reply.is_array());
+  ASSERT_EQ(reply.size(), 3u);
+  EXPECT_EQ(Reply::element_str(reply.element(0)), "x");
+  EXPECT_EQ(Reply::element_str(reply.element(2)), "zzz");
+  EXPECT_EQ(reply.element(3), nullptr);
+  EXPECT_EQ(Reply::element_str(nullptr), "");
+}
+
+TEST_F(ConnectionTest, ReplyMovesOwnership) {
+  Connection conn(redis_->endpoint());
+  Reply first = conn.command({"ECHO", "hello"});
+  Reply second = std::move(first);
+  EXPECT_EQ(first.raw(), nullptr);
+  EXPECT_EQ(second.str(), "hello");
+  first = conn.command({"ECHO", "again"});
+  second = std::move(first);
+  EXPECT_EQ(second.str(), "again");
+}
+
+TEST_F(ConnectionTest, ManualPipelineKeepsOrder) {
+  Connection conn(redis_->endpoint());
+  for (int i = 0; i < 10; ++i) conn.append({"SET", "p" + std::to_string(i), std::to_string(i * i)});
+  for (int i = 0; i < 10; ++i) conn.append({"GET", "p" + std::to_string(i)});
+  EXPECT_EQ(conn.pending(), 20u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(conn.read_reply().str(), "OK");
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(conn.read_reply().str(), std::to_string(i * i));
+  EXPECT_EQ(conn.pending(), 0u);
+  EXPECT_THROW(conn.read_reply(), std::logic_error);
+}
+
+TEST_F(ConnectionTest, PipelineWithWindowDeliversEveryReplyInOrder) {
+  Connection conn(redis_->endpoint());
+  std::vector<std::vector<std::string>> sets;
+  std::vector<std::vector<std::string>> gets;
+  for (int i = 0; i < 500; ++i) {
+    sets.push_back({"SET", "w" + std::to_string(i), std::string(i % 37, 'v') + std::to_string(i)});
+    gets.push_back({"GET", "w" + std::to_string(i)});
+  }
+  for (const size_t window : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+    size_t count = 0;
+    pipeline(conn, sets, window, [&](size_t index, const Reply& reply) {
+      EXPECT_EQ(index, count++);
+      EXPECT_EQ(reply.str(), "OK");
+    });
+    EXPECT_EQ(count, sets.size());
+    std::vector<std::string> values;
+    pipeline(conn, gets, window,
+             [&](size_t, const Reply& reply) { values.emplace_back(reply.str()); });
+    ASSERT_EQ(values.size(), gets.size());
+    for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(values[i], sets[i][2]);
+    EXPECT_EQ(conn.pending(), 0u);
+  }
+}
+
+TEST_F(ConnectionTest, SelectsTheDatabaseFromTheEndpoint) {
+  Connection db3(redis_->endpoint({}, {}, 3));
+  db3.command({"SET", "only-in-3", "x"}).expect_ok("SET");
+  Connection db0(redis_->endpoint());
+  EXPECT_TRUE(db0.command({"GET", "only-in-3"}).is_nil());
+  EXPECT_EQ(db3.command({"GET", "only-in-3"}).str(), "x");
+  db3.command({"FLUSHDB"});
+}
+
+TEST_F(ConnectionTest, OutOfRangeDatabaseIsAReplyError) {
+  try {
+    Connection conn(redis_->endpoint({}, {}, 999));
+    FAIL() << "SELECT 999 should have been refused";
+  } catch (const ReplyError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("SELECT 999"));
+    EXPECT_THAT(e.what(), HasSubstr(redis_->endpoint().describe()));
+  }
+}
+
+TEST_F(ConnectionTest, ServerGoingAwayBreaksTheConnection) {
+  RedisProcess own;
+  Connection conn(own.endpoint());
+  EXPECT_EQ(conn.command({"PING"}).str(), "PONG");
+  own.stop();
+  try {
+    conn.command({"PING"});
+    FAIL() << "PING to a stopped server should fail";
+  } catch (const ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(own.endpoint().describe()));
+  }
+  EXPECT_TRUE(conn.broken());
+  own.start();
+  // Once broken, always broken: the pool replaces such connections.
+  EXPECT_THROW(conn.command({"PING"}), ConnectionError);
+  EXPECT_THROW(conn.append({"PING"}), ConnectionError);
+}
+
+TEST(ConnectionFailureTest, DeadPortIsAConnectionErrorNamingTheEndpoint) {
+  RedisEndpoint endpoint;
+  endpoint.port = free_port();
+  endpoint.password = "secret-password";
+  try {
+    Connection conn(endpoint, ConnectOptions{.connect_timeout = 500ms, .io_timeout = 500ms});
+    FAIL() << "connecting to a closed port should fail";
+  } catch (const ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(endpoint.describe()));
+    EXPECT_THAT(e.what(), Not(HasSubstr("secret-password")));
+  }
+}
+
+TEST(ConnectionFailureTest, MissingUnixSocketIsAConnectionError) {
+  RedisEndpoint endpoint;
+  endpoint.transport = RedisEndpoint::Transport::kUnix;
+  endpoint.socket_path = "/nonexistent/dsfs/redis.sock";
+  try {
+    Connection conn(endpoint);
+    FAIL() << "connecting to a missing socket should fail";
+  } catch (const ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/dsfs/redis.sock"));
+  }
+}
+
+TEST(ConnectionFailureTest, SilentServerTimesOutInsteadOfHanging) {
+  // A listening socket that never answers: the kernel completes the handshake, nothing replies.
+  BoundSocket silent;
+  ASSERT_EQ(::listen(silent.fd(), 4), 0);
+  RedisEndpoint endpoint;
+  endpoint.port = silent.port();
+  EXPECT_THROW(Connection(endpoint, ConnectOptions{.connect_timeout = 300ms, .io_timeout = 300ms}),
+               ConnectionError);
+}
+
+class AuthTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    redis_ = new RedisProcess({"--requirepass", "default-secret", "--user", "alice", "on",
+                               ">alice-secret", "~*", "&*", "+@all"});
+  }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+  }
+  static RedisProcess* redis_;
+};
+RedisProcess* AuthTest::redis_ = nullptr;
+
+TEST_F(AuthTest, PasswordOnlyAuthenticatesTheDefaultUser) {
+  Connection conn(redis_->endpoint("", "default-secret"));
+  EXPECT_EQ(conn.command({"ACL", "WHOAMI"}).str(), "default");
+}
+
+TEST_F(AuthTest, AclUserAuthenticates) {
+  Connection conn(redis_->endpoint("alice", "alice-secret"));
+  EXPECT_EQ(conn.command({"ACL", "WHOAMI"}).str(), "alice");
+}
+
+TEST_F(AuthTest, WrongPasswordIsAReplyErrorWithoutThePassword) {
+  try {
+    Connection conn(redis_->endpoint("", "wrong-guess"));
+    FAIL() << "a wrong password should be refused";
+  } catch (const ReplyError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("refused the credentials"));
+    EXPECT_THAT(e.what(), HasSubstr("127.0.0.1:" + std::to_string(redis_->port())));
+    EXPECT_THAT(e.what(), Not(HasSubstr("wrong-guess")));
+  }
+  EXPECT_THROW(Connection(redis_->endpoint("alice", "default-secret")), ReplyError);
+}
+
+TEST_F(AuthTest, MissingPasswordSaysOneIsRequired) {
+  try {
+    Connection conn(redis_->endpoint());
+    FAIL() << "a server with requirepass should refuse an unauthenticated connection";
+  } catch (const ReplyError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("requires a password"));
+  }
+}
+
+class PoolTest : public ::testing::Test {
+ protected:
+  RedisProcess redis_;
+};
+
+TEST_F(PoolTest, ReturnedConnectionsAreReused) {
+  ConnectionPool pool(redis_.endpoint(), 4);
+  for (int i = 0; i < 5; ++i) {
+    auto lease = pool.acquire();
+    EXPECT_EQ(lease->command({"PING"}).str(), "PONG");
+  }
+  EXPECT_EQ(pool.connects(), 1u);
+  {
+    auto first = pool.acquire();
+    auto second = pool.acquire();
+    EXPECT_EQ((*second).command({"PING"}).str(), "PONG");
+  }
+  EXPECT_EQ(pool.connects(), 2u);
+}
+
+TEST_F(PoolTest, AcquireBlocksWhileAllConnectionsAreLent) {
+  ConnectionPool pool(redis_.endpoint(), 1);
+  std::atomic<bool> acquired{false};
+  std::thread waiter;
+  {
+    auto held = pool.acquire();
+    waiter = std::thread([&] {
+      auto lease = pool.acquire();
+      acquired = true;
+    });
+    std::this_thread::sleep_for(100ms);
+    EXPECT_FALSE(acquired.load());
+  }
+  waiter.join();
+  EXPECT_TRUE(acquired.load());
+  EXPECT_EQ(pool.connects(), 1u);
+}
+
+TEST_F(PoolTest, ConnectionWithUnreadRepliesIsNotReused) {
+  ConnectionPool pool(redis_.endpoint(), 2);
+  {
+    auto lease = pool.acquire();
+    lease->append({"ECHO", "left behind"});
+  }
+  auto lease = pool.acquire();
+  EXPECT_EQ(lease->command({"ECHO", "fresh"}).str(), "fresh");
+  EXPECT_EQ(pool.connects(), 2u);
+}
+
+TEST_F(PoolTest, BrokenConnectionsAreReplacedAfterRestart) {
+  ConnectionPool pool(redis_.endpoint(), 2);
+  {
+    auto a = pool.acquire();
+    auto b = pool.acquire();
+    a->command({"SET", "survivor", "1"});
+    b->command({"PING"});
+  }
+  EXPECT_EQ(pool.connects(), 2u);
+  redis_.stop();
+  redis_.start();
+  // The idle connections are dead; with_retry gets a working one once the broken one is dropped.
+  int attempts = 0;
+  const std::string pong = with_retry(5000ms, [&] {
+    ++attempts;
+    auto lease = pool.acquire();
+    return std::string(lease->command({"PING"}).str());
+  });
+  EXPECT_EQ(pong, "PONG");
+  EXPECT_EQ(attempts, 2);  // one stale connection, then (idle ones flushed) a fresh one
+  EXPECT_EQ(pool.connects(), 3u);
+}
+
+TEST_F(PoolTest, FailedConnectDoesNotLeakASlot) {
+  RedisEndpoint dead;
+  dead.port = free_port();
+  ConnectionPool pool(dead, 1, ConnectOptions{.connect_timeout = 300ms, .io_timeout = 300ms});
+  EXPECT_THROW(pool.acquire(), ConnectionError);
+  EXPECT_THROW(pool.acquire(), ConnectionError);  // would block forever if the slot leaked
+  EXPECT_EQ(pool.connects(), 0u);
+}
+
+TEST(RetryTest, ReplyErrorsPropagateAtOnce) {
+  int calls = 0;
+  EXPECT_THROW(with_retry(2000ms,
+                          [&]() -> int {
+                            ++calls;
+                            throw ReplyError("WRONGTYPE");
+                          }),
+               ReplyError);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(RetryTest, ConnectionErrorsAreRetriedUntilTheBudgetIsSpent) {
+  int calls = 0;
+  EXPECT_THROW(with_retry(300ms,
+                          [&]() -> int {
+                            ++calls;
+                            throw ConnectionError("down");
+                          }),
+               ConnectionError);
+  EXPECT_GT(calls, 1);
+  int flaky = 0;
+  EXPECT_EQ(with_retry(5000ms,
+                       [&] {
+                         if (++flaky < 3) throw ConnectionError("not yet");
+                         return 7;
+                       }),
+            7);
+}
+
+}  // namespace
+}  // namespace dsfs::store
