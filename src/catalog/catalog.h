@@ -1,11 +1,12 @@
 #pragma once
 // The in-memory catalogue of one dataset generation: a compact, immutable tree decoded from the
-// manifest. About 64 bytes per entry plus its name (and metadata bytes, when present).
+// manifest. 72 bytes per entry plus its name (and metadata bytes, when present).
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace dsfs::catalog {
@@ -18,20 +19,20 @@ inline constexpr uint32_t kRootIndex = 0;
 // Entries are stored breadth-first: the root is entry 0, and every directory's children are
 // contiguous and sorted by name (bytewise), so lookup is a binary search and readdir a range.
 struct CatalogEntry {
-  uint32_t parent;        // entry index of the parent directory (root: 0)
-  uint32_t name_offset;   // into Catalog::names()
+  uint32_t parent;       // entry index of the parent directory (root: 0)
+  uint32_t name_offset;  // into Catalog::names()
   uint16_t name_length;
-  uint8_t is_dir;         // 1 directory, 0 regular file
+  uint8_t is_dir;  // 1 directory, 0 regular file
   uint8_t reserved = 0;
-  uint32_t mode;          // permission bits only (e.g. 0644)
-  uint32_t label;         // class index, or kNoLabel
-  uint32_t first_child;   // directories: index of first child; files: 0
-  uint32_t child_count;   // directories: number of children; files: 0
+  uint32_t mode;         // permission bits only (e.g. 0644)
+  uint32_t label;        // class index, or kNoLabel
+  uint32_t first_child;  // directories: index of first child; files: 0
+  uint32_t child_count;  // directories: number of children; files: 0
   uint32_t metadata_length;
   int64_t mtime_ns;
-  uint64_t size;          // file size in bytes; directories: 0
-  uint64_t object_id;     // files: object id in Redis; directories: 0
-  uint64_t checksum;      // of the whole file, per Catalog::checksum_kind()
+  uint64_t size;             // file size in bytes; directories: 0
+  uint64_t object_id;        // files: object id in Redis; directories: 0
+  uint64_t checksum;         // of the whole file, per Catalog::checksum_kind()
   uint64_t metadata_offset;  // into Catalog::metadata()
 };
 
@@ -92,21 +93,30 @@ class CatalogBuilder {
   Catalog build() &&;
 
  private:
+  // A node of the tree being built; the name lives in the parent's child map.
   struct PendingEntry {
-    std::string path;
-    bool is_dir;
-    uint64_t size;
-    int64_t mtime_ns;
-    uint32_t mode;
-    uint64_t object_id;
-    uint32_t label;
-    uint64_t checksum;
+    uint32_t parent = 0;
+    bool is_dir = false;
+    bool explicit_dir = false;  // add_directory set its mtime/mode
+    uint32_t mode = 0;
+    uint32_t label = kNoLabel;
+    int64_t mtime_ns = 0;
+    uint64_t size = 0;
+    uint64_t object_id = 0;
+    uint64_t checksum = 0;
     std::string metadata;
+    uint32_t children = UINT32_MAX;  // directories: index into child_maps_
   };
+  using ChildMap = std::unordered_map<std::string, uint32_t>;  // name -> pending_ index
+  // Returns the directory for `components[0..count)`, creating missing ones; throws if a prefix
+  // is a file.
+  uint32_t ensure_directory(std::string_view relative_path,
+                            const std::vector<std::string_view>& components, size_t count);
   ChecksumKind checksum_kind_;
   uint64_t chunk_size_;
   std::vector<std::string> classes_;
-  std::vector<PendingEntry> pending_;
+  std::vector<PendingEntry> pending_;  // [0] is the root
+  std::vector<ChildMap> child_maps_;
 };
 
 }  // namespace dsfs::catalog

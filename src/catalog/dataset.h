@@ -29,12 +29,12 @@ struct DatasetInfo {
   uint64_t dir_count = 0;
   uint64_t total_bytes = 0;
   uint64_t class_count = 0;
-  int64_t created_unix = 0;      // when this generation was published
-  std::string source;            // what was ingested (path or URL list)
+  int64_t created_unix = 0;  // when this generation was published
+  std::string source;        // what was ingested (path or URL list)
   uint64_t chunk_size = kDefaultChunkSize;
   uint64_t manifest_chunks = 0;
   uint64_t manifest_bytes = 0;
-  uint64_t manifest_xxh64 = 0;   // of the whole manifest byte string
+  uint64_t manifest_xxh64 = 0;  // of the whole manifest byte string
 };
 
 std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema& keys);

@@ -15,10 +15,10 @@ class KeySchema {
   explicit KeySchema(std::string ns = "dsfs");  // validates ns
   const std::string& ns() const { return ns_; }
 
-  std::string datasets() const;                        // ns:datasets (set)
-  std::string info(std::string_view name) const;       // ns:{name}:info (hash)
-  std::string generations(std::string_view name) const;  // ns:{name}:gens (set of every
-                                                          // generation with keys, for GC)
+  std::string datasets() const;                              // ns:datasets (set)
+  std::string info(std::string_view name) const;             // ns:{name}:info (hash)
+  std::string generations(std::string_view name) const;      // ns:{name}:gens (set of every
+                                                             // generation with keys, for GC)
   std::string next_generation(std::string_view name) const;  // ns:{name}:nextgen (counter)
   std::string manifest_chunk(std::string_view name, uint64_t gen, uint64_t index) const;
   std::string object(std::string_view name, uint64_t gen, uint64_t id) const;  // ns:name:gen:o:id

@@ -1,0 +1,74 @@
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "src/catalog/keys.h"
+
+using namespace dsfs::catalog;
+
+TEST(KeySchema, DatasetLevelKeysShareTheNameHashTag) {
+  const KeySchema keys;
+  EXPECT_EQ(keys.ns(), "dsfs");
+  EXPECT_EQ(keys.datasets(), "dsfs:datasets");
+  EXPECT_EQ(keys.info("imagenet"), "dsfs:{imagenet}:info");
+  EXPECT_EQ(keys.generations("imagenet"), "dsfs:{imagenet}:gens");
+  EXPECT_EQ(keys.next_generation("imagenet"), "dsfs:{imagenet}:nextgen");
+  EXPECT_EQ(keys.manifest_chunk("imagenet", 7, 0), "dsfs:{imagenet}:manifest:7:0");
+  EXPECT_EQ(keys.manifest_chunk("imagenet", 7, 12), "dsfs:{imagenet}:manifest:7:12");
+}
+
+TEST(KeySchema, ObjectKeysHaveNoHashTag) {
+  const KeySchema keys("team");
+  EXPECT_EQ(keys.object("cifar", 3, 42), "team:cifar:3:o:42");
+  EXPECT_EQ(keys.object_chunk("cifar", 3, 42, 5), "team:cifar:3:o:42:5");
+  EXPECT_EQ(keys.object("cifar", 18446744073709551615ull, 0),
+            "team:cifar:18446744073709551615:o:0");
+  EXPECT_EQ(keys.object("cifar", 1, 1).find('{'), std::string::npos);
+}
+
+TEST(KeySchema, ScanPatterns) {
+  const KeySchema keys;
+  EXPECT_EQ(keys.generation_objects_pattern("ds", 4), "dsfs:ds:4:o:*");
+  EXPECT_EQ(keys.dataset_objects_pattern("ds"), "dsfs:ds:*:o:*");
+}
+
+// A tiny Redis-glob matcher for '*' only (the patterns hold no other glob character) so the test
+// shows which keys a SCAN with these patterns would and would not visit.
+static bool glob_match(std::string_view pattern, std::string_view key) {
+  if (pattern.empty()) return key.empty();
+  if (pattern[0] == '*') {
+    for (size_t skip = 0; skip <= key.size(); ++skip) {
+      if (glob_match(pattern.substr(1), key.substr(skip))) return true;
+    }
+    return false;
+  }
+  return !key.empty() && key[0] == pattern[0] && glob_match(pattern.substr(1), key.substr(1));
+}
+
+TEST(KeySchema, PatternsMatchOnlyTheirOwnObjects) {
+  const KeySchema keys;
+  const auto gen4 = keys.generation_objects_pattern("ds", 4);
+  EXPECT_TRUE(glob_match(gen4, keys.object("ds", 4, 1)));
+  EXPECT_TRUE(glob_match(gen4, keys.object_chunk("ds", 4, 1, 2)));
+  EXPECT_FALSE(glob_match(gen4, keys.object("ds", 40, 1)));
+  EXPECT_FALSE(glob_match(gen4, keys.object("ds", 5, 1)));
+  EXPECT_FALSE(glob_match(gen4, keys.object("ds2", 4, 1)));
+  EXPECT_FALSE(glob_match(gen4, keys.info("ds")));
+  EXPECT_FALSE(glob_match(gen4, keys.manifest_chunk("ds", 4, 0)));
+
+  const auto all = keys.dataset_objects_pattern("ds");
+  EXPECT_TRUE(glob_match(all, keys.object("ds", 4, 1)));
+  EXPECT_TRUE(glob_match(all, keys.object_chunk("ds", 9, 1, 3)));
+  EXPECT_FALSE(glob_match(all, keys.object("ds2", 4, 1)));
+  EXPECT_FALSE(glob_match(all, keys.object("d", 4, 1)));
+  EXPECT_FALSE(glob_match(all, keys.info("ds")));
+  EXPECT_FALSE(glob_match(all, keys.datasets()));
+  EXPECT_FALSE(glob_match(all, KeySchema("other").object("ds", 4, 1)));
+}
+
+TEST(KeySchema, RejectsInvalidNamespace) {
+  EXPECT_THROW(KeySchema("a:b"), std::invalid_argument);
+  EXPECT_THROW(KeySchema(""), std::invalid_argument);
+  EXPECT_NO_THROW(KeySchema("ok-ns"));
+}
