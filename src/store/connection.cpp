@@ -5,6 +5,10 @@
 #include <spdlog/spdlog.h>
 #include <sys/time.h>
 
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -24,6 +28,19 @@ timeval to_timeval(std::chrono::milliseconds duration) {
 bool is_transient_error(std::string_view message) {
   return message.starts_with("LOADING") || message.starts_with("BUSY") ||
          message.starts_with("MASTERDOWN");
+}
+
+// hiredis writes with write(2): a server that went away would raise SIGPIPE, whose default
+// action kills the process. Ignored (unless the program installed its own handler), the write
+// fails with EPIPE instead and becomes a ConnectionError.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  });
 }
 
 }  // namespace
@@ -104,7 +121,8 @@ const Reply& Reply::expect_ok(std::string_view context) const {
 // ---- Connection -------------------------------------------------------------------------------
 
 Connection::Connection(const RedisEndpoint& endpoint, const ConnectOptions& options)
-    : endpoint_(endpoint) {
+    : endpoint_(endpoint), io_timeout_(options.io_timeout) {
+  ignore_sigpipe_once();
   const timeval connect_timeout = to_timeval(options.connect_timeout);
   ctx_ = endpoint_.transport == RedisEndpoint::Transport::kUnix
              ? redisConnectUnixWithTimeout(endpoint_.socket_path.c_str(), connect_timeout)
@@ -132,43 +150,62 @@ Connection::Connection(const RedisEndpoint& endpoint, const ConnectOptions& opti
   }
 
   try {
-    if (!endpoint_.password.empty()) {
-      Reply auth = endpoint_.user.empty() ? command({"AUTH", endpoint_.password})
-                                          : command({"AUTH", endpoint_.user, endpoint_.password});
-      if (auth.is_error()) {
-        throw ReplyError(fmt::format(
-            "Redis at {} refused the credentials: {} (check the user and password in the URL)",
-            endpoint_.describe(), auth.str()));
-      }
-    }
-    // SELECT, or PING when there is nothing to select, so that a server that wants a password
-    // or is still loading is reported here rather than on the first real command.
-    const std::string db = std::to_string(endpoint_.db);
-    Reply check = endpoint_.db != 0 ? command({"SELECT", db}) : command({"PING"});
-    if (check.is_error()) {
-      const std::string_view message = check.str();
-      if (is_transient_error(message)) {
-        throw ConnectionError(
-            fmt::format("Redis at {} is not ready: {}", endpoint_.describe(), message));
-      }
-      if (message.starts_with("NOAUTH")) {
-        throw ReplyError(fmt::format(
-            "Redis at {} requires a password: give it in the URL, e.g. redis://:PASSWORD@host:port "
-            "or redis://USER:PASSWORD@host:port",
-            endpoint_.describe()));
-      }
-      throw ReplyError(fmt::format("Redis at {} rejected {}: {}", endpoint_.describe(),
-                                   endpoint_.db != 0 ? "SELECT " + db : "PING", message));
-    }
+    handshake();
   } catch (...) {
     redisFree(std::exchange(ctx_, nullptr));
     throw;
   }
 }
 
+// AUTH, SELECT and a PING in one round trip. The PING reports here, not on the first real
+// command, a server that wants a password or is still loading its data (SELECT and AUTH are
+// allowed while loading; PING is not).
+void Connection::handshake() {
+  const std::string db = std::to_string(endpoint_.db);
+  const bool authenticate = !endpoint_.password.empty();
+  const bool select = endpoint_.db != 0;
+  if (authenticate) {
+    if (endpoint_.user.empty()) {
+      append({"AUTH", endpoint_.password});
+    } else {
+      append({"AUTH", endpoint_.user, endpoint_.password});
+    }
+  }
+  if (select) append({"SELECT", db});
+  append({"PING"});
+  Reply auth_reply = authenticate ? read_reply() : Reply();
+  Reply select_reply = select ? read_reply() : Reply();
+  Reply ping_reply = read_reply();
+
+  if (auth_reply.is_error()) {
+    throw ReplyError(fmt::format(
+        "Redis at {} refused the credentials: {} (check the user and password in the URL)",
+        endpoint_.describe(), auth_reply.str()));
+  }
+  if (select_reply.is_error()) {
+    throw ReplyError(fmt::format("Redis at {} rejected SELECT {}: {}", endpoint_.describe(), db,
+                                 select_reply.str()));
+  }
+  if (ping_reply.is_error()) {
+    const std::string_view message = ping_reply.str();
+    if (is_transient_error(message)) {
+      throw ConnectionError(
+          fmt::format("Redis at {} is not ready: {}", endpoint_.describe(), message));
+    }
+    if (message.starts_with("NOAUTH")) {
+      throw ReplyError(fmt::format(
+          "Redis at {} requires a password: give it in the URL, e.g. redis://:PASSWORD@host:port "
+          "or redis://USER:PASSWORD@host:port",
+          endpoint_.describe()));
+    }
+    throw ReplyError(fmt::format("Redis at {} rejected PING: {}", endpoint_.describe(), message));
+  }
+}
+
 Connection::Connection(Connection&& other) noexcept
     : endpoint_(std::move(other.endpoint_)),
       ctx_(std::exchange(other.ctx_, nullptr)),
+      io_timeout_(other.io_timeout_),
       pending_(std::exchange(other.pending_, 0)),
       broken_(std::exchange(other.broken_, true)) {}
 
@@ -177,6 +214,7 @@ Connection& Connection::operator=(Connection&& other) noexcept {
     if (ctx_) redisFree(ctx_);
     endpoint_ = std::move(other.endpoint_);
     ctx_ = std::exchange(other.ctx_, nullptr);
+    io_timeout_ = other.io_timeout_;
     pending_ = std::exchange(other.pending_, 0);
     broken_ = std::exchange(other.broken_, true);
   }
@@ -189,7 +227,11 @@ Connection::~Connection() {
 
 void Connection::fail(std::string_view what) {
   broken_ = true;
-  const std::string reason = ctx_ && ctx_->err ? std::string(ctx_->errstr) : "connection closed";
+  std::string reason = ctx_ && ctx_->err ? std::string(ctx_->errstr) : "connection closed";
+  // SO_RCVTIMEO/SO_SNDTIMEO expiring shows up as EAGAIN.
+  if (reason == std::strerror(EAGAIN) || reason == std::strerror(EWOULDBLOCK)) {
+    reason = fmt::format("no reply within the I/O timeout of {} ms", io_timeout_.count());
+  }
   throw ConnectionError(fmt::format("{} on Redis at {}: {}", what, endpoint_.describe(), reason));
 }
 

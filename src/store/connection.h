@@ -28,7 +28,7 @@ class Reply {
 
   bool is_nil() const;
   bool is_error() const;
-  bool is_string() const;   // bulk or status string
+  bool is_string() const;  // bulk or status string
   bool is_integer() const;
   bool is_array() const;
   std::string_view str() const;  // bulk/status/error text; empty otherwise
@@ -54,7 +54,8 @@ struct ConnectOptions {
 class Connection {
  public:
   // Connects, AUTHs and SELECTs. Throws ConnectionError (unreachable, timeout) or
-  // ReplyError (AUTH refused), with a message naming endpoint.describe().
+  // ReplyError (AUTH refused), with a message naming endpoint.describe(). The first connection
+  // sets SIGPIPE to ignored (if it has no handler) so a vanished server is an error, not death.
   Connection(const RedisEndpoint& endpoint, const ConnectOptions& options = {});
   Connection(Connection&&) noexcept;
   Connection& operator=(Connection&&) noexcept;
@@ -78,8 +79,10 @@ class Connection {
 
  private:
   [[noreturn]] void fail(std::string_view what);
+  void handshake();
   RedisEndpoint endpoint_;
   redisContext* ctx_ = nullptr;
+  std::chrono::milliseconds io_timeout_{0};
   size_t pending_ = 0;
   bool broken_ = false;
 };

@@ -318,8 +318,27 @@ TEST(ConnectionFailureTest, SilentServerTimesOutInsteadOfHanging) {
   ASSERT_EQ(::listen(silent.fd(), 4), 0);
   RedisEndpoint endpoint;
   endpoint.port = silent.port();
-  EXPECT_THROW(Connection(endpoint, ConnectOptions{.connect_timeout = 300ms, .io_timeout = 300ms}),
-               ConnectionError);
+  try {
+    Connection conn(endpoint, ConnectOptions{.connect_timeout = 300ms, .io_timeout = 300ms});
+    FAIL() << "a server that never answers should time out";
+  } catch (const ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("I/O timeout of 300 ms"));
+  }
+}
+
+TEST(ConnectionFailureTest, WritingToAVanishedServerIsAnErrorNotSigpipe) {
+  RedisProcess redis;
+  Connection conn(redis.endpoint());
+  redis.stop();
+  // Megabytes of writes to a closed socket: EPIPE (SIGPIPE would end this test binary).
+  const std::string big(32 << 20, 'x');
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 4; ++i) conn.append({"SET", "k", big});
+        while (conn.pending() > 0) conn.read_reply();
+      },
+      ConnectionError);
+  EXPECT_TRUE(conn.broken());
 }
 
 class AuthTest : public ::testing::Test {
