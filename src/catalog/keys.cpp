@@ -52,4 +52,13 @@ std::string KeySchema::dataset_objects_pattern(std::string_view name) const {
   return fmt::format("{}:{}:*:o:*", ns_, name);
 }
 
+// '{' and '}' are literal in Redis glob patterns.
+std::string KeySchema::generation_manifest_pattern(std::string_view name, uint64_t gen) const {
+  return fmt::format("{}:{{{}}}:manifest:{}:*", ns_, name, gen);
+}
+
+std::string KeySchema::dataset_manifests_pattern(std::string_view name) const {
+  return fmt::format("{}:{{{}}}:manifest:*", ns_, name);
+}
+
 }  // namespace dsfs::catalog

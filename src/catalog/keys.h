@@ -26,6 +26,9 @@ class KeySchema {
   // SCAN MATCH patterns: every key of one generation's objects / of one dataset's objects.
   std::string generation_objects_pattern(std::string_view name, uint64_t gen) const;
   std::string dataset_objects_pattern(std::string_view name) const;
+  // SCAN MATCH patterns: manifest chunks of one generation / of every generation.
+  std::string generation_manifest_pattern(std::string_view name, uint64_t gen) const;
+  std::string dataset_manifests_pattern(std::string_view name) const;
 
  private:
   std::string ns_;

@@ -31,6 +31,8 @@ TEST(KeySchema, ScanPatterns) {
   const KeySchema keys;
   EXPECT_EQ(keys.generation_objects_pattern("ds", 4), "dsfs:ds:4:o:*");
   EXPECT_EQ(keys.dataset_objects_pattern("ds"), "dsfs:ds:*:o:*");
+  EXPECT_EQ(keys.generation_manifest_pattern("ds", 4), "dsfs:{ds}:manifest:4:*");
+  EXPECT_EQ(keys.dataset_manifests_pattern("ds"), "dsfs:{ds}:manifest:*");
 }
 
 // A tiny Redis-glob matcher for '*' only (the patterns hold no other glob character) so the test
@@ -65,6 +67,17 @@ TEST(KeySchema, PatternsMatchOnlyTheirOwnObjects) {
   EXPECT_FALSE(glob_match(all, keys.info("ds")));
   EXPECT_FALSE(glob_match(all, keys.datasets()));
   EXPECT_FALSE(glob_match(all, KeySchema("other").object("ds", 4, 1)));
+
+  const auto manifest4 = keys.generation_manifest_pattern("ds", 4);
+  EXPECT_TRUE(glob_match(manifest4, keys.manifest_chunk("ds", 4, 0)));
+  EXPECT_TRUE(glob_match(manifest4, keys.manifest_chunk("ds", 4, 11)));
+  EXPECT_FALSE(glob_match(manifest4, keys.manifest_chunk("ds", 41, 0)));
+  EXPECT_FALSE(glob_match(manifest4, keys.manifest_chunk("ds2", 4, 0)));
+  EXPECT_FALSE(glob_match(manifest4, keys.object("ds", 4, 0)));
+  const auto manifests = keys.dataset_manifests_pattern("ds");
+  EXPECT_TRUE(glob_match(manifests, keys.manifest_chunk("ds", 9, 3)));
+  EXPECT_FALSE(glob_match(manifests, keys.manifest_chunk("ds2", 9, 3)));
+  EXPECT_FALSE(glob_match(manifests, keys.info("ds")));
 }
 
 TEST(KeySchema, RejectsInvalidNamespace) {

@@ -1,0 +1,414 @@
+#include "src/catalog/dataset.h"
+
+#include <fmt/core.h>
+#include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <map>
+
+#include "src/catalog/manifest.h"
+#include "src/catalog/names.h"
+#include "src/store/errors.h"
+
+namespace dsfs::catalog {
+namespace {
+
+constexpr std::string_view kScanBatch = "1000";
+constexpr size_t kManifestWriteWindow = 4;  // 8 MiB values: a few in flight is plenty
+constexpr size_t kManifestReadWindow = 4;
+constexpr uint64_t kMaxManifestChunks = 1u << 16;  // 512 GiB of manifest: beyond is corruption
+constexpr uint64_t kMaxRedisStringBytes = 512ull << 20;
+
+std::string hex64(uint64_t value) {
+  return fmt::format("{:016x}", value);
+}
+
+std::string_view as_text(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+[[noreturn]] void throw_not_found(const store::Connection& conn, const KeySchema& keys,
+                                  std::string_view name) {
+  throw DatasetNotFound(
+      fmt::format("dataset '{}' not found in namespace '{}' on {}; see `dsfs list`", name,
+                  keys.ns(), conn.endpoint().describe()));
+}
+
+[[noreturn]] void throw_corrupt_info(std::string_view name, std::string_view problem) {
+  throw std::runtime_error(fmt::format(
+      "dataset '{}' has a corrupt info hash ({}); remove it with `dsfs rm {}` and ingest it again",
+      name, problem, name));
+}
+
+uint64_t parse_unsigned(std::string_view name, std::string_view field, std::string_view text,
+                        int base = 10) {
+  uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, base);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw_corrupt_info(name, fmt::format("field '{}' is '{}', not a number", field, text));
+  }
+  return value;
+}
+
+int64_t parse_signed(std::string_view name, std::string_view field, std::string_view text) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw_corrupt_info(name, fmt::format("field '{}' is '{}', not a number", field, text));
+  }
+  return value;
+}
+
+std::vector<std::string> string_elements(const store::Reply& reply, std::string_view context) {
+  reply.expect_ok(context);
+  std::vector<std::string> out;
+  out.reserve(reply.size());
+  for (size_t i = 0; i < reply.size(); ++i) {
+    out.emplace_back(store::Reply::element_str(reply.element(i)));
+  }
+  return out;
+}
+
+// SCANs for `pattern` and UNLINKs each batch found (UNLINK frees values off the main thread), so
+// Redis is never blocked for long. Adds deletions to `deleted`, reporting after each batch.
+void unlink_matching(store::Connection& conn, const std::string& pattern, uint64_t& deleted,
+                     const std::function<void(uint64_t)>& progress) {
+  std::string cursor = "0";
+  do {
+    store::Reply scan = conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", kScanBatch});
+    scan.expect_ok(fmt::format("SCAN MATCH {}", pattern));
+    const redisReply* cursor_reply = scan.element(0);
+    const redisReply* keys_reply = scan.element(1);
+    if (scan.size() != 2 || !keys_reply || keys_reply->type != REDIS_REPLY_ARRAY) {
+      throw store::ReplyError(fmt::format("SCAN MATCH {}: unexpected reply shape", pattern));
+    }
+    cursor = std::string(store::Reply::element_str(cursor_reply));
+    if (keys_reply->elements > 0) {
+      std::vector<std::string_view> argv;
+      argv.reserve(keys_reply->elements + 1);
+      argv.push_back("UNLINK");
+      for (size_t i = 0; i < keys_reply->elements; ++i) {
+        argv.push_back(store::Reply::element_str(keys_reply->element[i]));
+      }
+      store::Reply unlinked = conn.command(std::span<const std::string_view>(argv));
+      deleted += static_cast<uint64_t>(unlinked.expect_ok("UNLINK").integer());
+      if (progress) progress(deleted);
+    }
+  } while (cursor != "0" && !cursor.empty());
+}
+
+bool manifest_exists(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                     uint64_t gen) {
+  return conn.command({"EXISTS", keys.manifest_chunk(name, gen, 0)})
+             .expect_ok("EXISTS manifest")
+             .integer() > 0;
+}
+
+}  // namespace
+
+std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema& keys) {
+  auto names = string_elements(conn.command({"SMEMBERS", keys.datasets()}),
+                               fmt::format("SMEMBERS {}", keys.datasets()));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std::string& name) {
+  validate_dataset_name(name);
+  const auto flat = string_elements(conn.command({"HGETALL", keys.info(name)}),
+                                    fmt::format("HGETALL {}", keys.info(name)));
+  if (flat.empty()) throw_not_found(conn, keys, name);
+  if (flat.size() % 2 != 0) throw_corrupt_info(name, "odd HGETALL reply");
+  std::map<std::string, std::string, std::less<>> fields;
+  for (size_t i = 0; i + 1 < flat.size(); i += 2) fields[flat[i]] = flat[i + 1];
+
+  auto field = [&](std::string_view key) -> const std::string& {
+    const auto it = fields.find(key);
+    if (it == fields.end()) throw_corrupt_info(name, fmt::format("field '{}' is missing", key));
+    return it->second;
+  };
+  auto optional_unsigned = [&](std::string_view key) -> uint64_t {
+    const auto it = fields.find(key);
+    return it == fields.end() ? 0 : parse_unsigned(name, key, it->second);
+  };
+
+  DatasetInfo info;
+  info.name = name;
+  const uint64_t version = parse_unsigned(name, "schema_version", field("schema_version"));
+  if (version > kSchemaVersion) {
+    throw std::runtime_error(fmt::format(
+        "dataset '{}' uses schema version {}, newer than this dsfs supports ({}); upgrade dsfs",
+        name, version, kSchemaVersion));
+  }
+  if (version == 0) throw_corrupt_info(name, "schema_version is 0");
+  info.schema_version = static_cast<uint32_t>(version);
+  info.generation = parse_unsigned(name, "generation", field("generation"));
+  if (info.generation == 0) throw_corrupt_info(name, "generation is 0");
+  info.previous_generation = optional_unsigned("previous_generation");
+  info.file_count = parse_unsigned(name, "file_count", field("file_count"));
+  info.dir_count = optional_unsigned("dir_count");
+  info.total_bytes = parse_unsigned(name, "total_bytes", field("total_bytes"));
+  info.class_count = optional_unsigned("class_count");
+  if (const auto it = fields.find("created_unix"); it != fields.end()) {
+    info.created_unix = parse_signed(name, "created_unix", it->second);
+  }
+  if (const auto it = fields.find("source"); it != fields.end()) info.source = it->second;
+  info.chunk_size = parse_unsigned(name, "chunk_size", field("chunk_size"));
+  if (info.chunk_size == 0) throw_corrupt_info(name, "chunk_size is 0");
+  info.manifest_chunks = parse_unsigned(name, "manifest_chunks", field("manifest_chunks"));
+  info.manifest_bytes = parse_unsigned(name, "manifest_bytes", field("manifest_bytes"));
+  const std::string& hash = field("manifest_xxh64");
+  if (hash.size() != 16) {
+    throw_corrupt_info(name, fmt::format("manifest_xxh64 '{}' is not 16 hex digits", hash));
+  }
+  info.manifest_xxh64 = parse_unsigned(name, "manifest_xxh64", hash, 16);
+  return info;
+}
+
+std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySchema& keys,
+                                            const DatasetInfo& info) {
+  const std::string& name = info.name;
+  const auto where = [&] {
+    return fmt::format("dataset '{}' generation {}", name, info.generation);
+  };
+  if (info.manifest_chunks == 0 || info.manifest_chunks > kMaxManifestChunks ||
+      info.manifest_bytes > info.manifest_chunks * kMaxRedisStringBytes) {
+    throw ManifestError(
+        fmt::format("{}: info lists {} manifest chunks holding {} bytes, which is "
+                    "impossible; the info hash is corrupt",
+                    where(), info.manifest_chunks, info.manifest_bytes));
+  }
+  std::vector<std::array<std::string, 2>> commands;
+  commands.reserve(info.manifest_chunks);
+  for (uint64_t i = 0; i < info.manifest_chunks; ++i) {
+    commands.push_back({"GET", keys.manifest_chunk(name, info.generation, i)});
+  }
+  std::vector<std::byte> bytes;
+  bytes.reserve(info.manifest_bytes);
+  // Errors are noted, not thrown, inside the pipeline so every reply is read and the connection
+  // stays usable for the caller.
+  std::string problem;
+  store::pipeline(conn, commands, kManifestReadWindow, [&](size_t index, store::Reply& reply) {
+    if (!problem.empty()) return;
+    if (reply.is_error()) {
+      problem = fmt::format("GET {}: Redis replied '{}'", commands[index][1], reply.str());
+    } else if (reply.is_nil()) {
+      problem = fmt::format(
+          "manifest chunk {} ({}) is missing; the dataset was removed or replaced while loading "
+          "(retry), or it is damaged (ingest it again)",
+          index, commands[index][1]);
+    } else if (bytes.size() + reply.str().size() > info.manifest_bytes) {
+      problem = fmt::format("manifest chunks hold more than the {} bytes info lists",
+                            info.manifest_bytes);
+    } else {
+      const auto* begin = reinterpret_cast<const std::byte*>(reply.str().data());
+      bytes.insert(bytes.end(), begin, begin + reply.str().size());
+    }
+  });
+  if (!problem.empty()) throw ManifestError(fmt::format("{}: {}", where(), problem));
+  if (bytes.size() != info.manifest_bytes) {
+    throw ManifestError(fmt::format("{}: manifest is {} bytes, info lists {}", where(),
+                                    bytes.size(), info.manifest_bytes));
+  }
+  const uint64_t hash = XXH64(bytes.data(), bytes.size(), 0);
+  if (hash != info.manifest_xxh64) {
+    throw ManifestError(fmt::format("{}: manifest xxh64 is {}, info lists {}; it is corrupt",
+                                    where(), hex64(hash), hex64(info.manifest_xxh64)));
+  }
+  Catalog catalog;
+  try {
+    catalog = decode_manifest(bytes);
+  } catch (const ManifestError& e) {
+    throw ManifestError(fmt::format("{}: {}", where(), e.what()));
+  }
+  if (catalog.file_count() != info.file_count || catalog.total_bytes() != info.total_bytes ||
+      catalog.chunk_size() != info.chunk_size) {
+    throw ManifestError(
+        fmt::format("{}: manifest holds {} files, {} bytes, chunk size {}; info lists {}, {}, {}",
+                    where(), catalog.file_count(), catalog.total_bytes(), catalog.chunk_size(),
+                    info.file_count, info.total_bytes, info.chunk_size));
+  }
+  return std::make_shared<const Catalog>(std::move(catalog));
+}
+
+uint64_t begin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name) {
+  validate_dataset_name(name);
+  const long long gen =
+      conn.command({"INCR", keys.next_generation(name)}).expect_ok("INCR nextgen").integer();
+  // Recorded before any object is written, so GC and rm always find this generation's keys.
+  conn.command({"SADD", keys.generations(name), std::to_string(gen)}).expect_ok("SADD gens");
+  return static_cast<uint64_t>(gen);
+}
+
+void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
+             const Catalog& catalog) {
+  validate_dataset_name(info.name);
+  const std::string& name = info.name;
+  if (info.generation == 0) {
+    throw std::invalid_argument(
+        fmt::format("publish '{}': no generation; call begin_generation first", name));
+  }
+  const std::vector<std::byte> manifest = encode_manifest(catalog);
+  info.schema_version = kSchemaVersion;
+  info.file_count = catalog.file_count();
+  info.dir_count = catalog.directory_count();
+  info.total_bytes = catalog.total_bytes();
+  info.class_count = catalog.classes().size();
+  info.chunk_size = catalog.chunk_size();
+  info.manifest_bytes = manifest.size();
+  info.manifest_chunks =
+      std::max<uint64_t>(1, (manifest.size() + kManifestChunkSize - 1) / kManifestChunkSize);
+  info.manifest_xxh64 = XXH64(manifest.data(), manifest.size(), 0);
+  info.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+
+  std::vector<std::array<std::string_view, 3>> writes;
+  std::vector<std::string> chunk_keys;
+  chunk_keys.reserve(info.manifest_chunks);
+  for (uint64_t i = 0; i < info.manifest_chunks; ++i) {
+    chunk_keys.push_back(keys.manifest_chunk(name, info.generation, i));
+  }
+  const std::span<const std::byte> all(manifest);
+  for (uint64_t i = 0; i < info.manifest_chunks; ++i) {
+    const size_t offset = i * kManifestChunkSize;
+    const size_t length = std::min<size_t>(kManifestChunkSize, manifest.size() - offset);
+    writes.push_back({"SET", chunk_keys[i], as_text(all.subspan(offset, length))});
+  }
+  std::string problem;
+  store::pipeline(conn, writes, kManifestWriteWindow, [&](size_t index, store::Reply& reply) {
+    if (reply.is_error() && problem.empty()) {
+      problem = fmt::format("SET {}: Redis replied '{}'", chunk_keys[index], reply.str());
+    }
+  });
+  if (!problem.empty()) {
+    throw store::ReplyError(fmt::format("publish '{}': {}", name, problem));
+  }
+
+  // The flip: WATCH makes a concurrent publish of the same name abort ours instead of
+  // interleaving; MULTI/EXEC replaces every field at once (info is one key, one slot).
+  const std::string info_key = keys.info(name);
+  for (int attempt = 0;; ++attempt) {
+    conn.command({"WATCH", info_key}).expect_ok("WATCH info");
+    const store::Reply current = conn.command({"HGET", info_key, "generation"});
+    current.expect_ok("HGET generation");
+    const uint64_t current_generation =
+        current.is_nil() ? 0 : parse_unsigned(name, "generation", current.str());
+    if (current_generation > info.generation) {
+      conn.command({"UNWATCH"});
+      throw std::runtime_error(fmt::format(
+          "dataset '{}': generation {} was published while this one ({}) was being written; "
+          "keeping the newer one (this generation's keys are collected later)",
+          name, current_generation, info.generation));
+    }
+    info.previous_generation =
+        current_generation == info.generation ? info.previous_generation : current_generation;
+    const std::array<std::pair<std::string_view, std::string>, 14> fields = {{
+        {"name", name},
+        {"schema_version", std::to_string(info.schema_version)},
+        {"generation", std::to_string(info.generation)},
+        {"previous_generation", std::to_string(info.previous_generation)},
+        {"file_count", std::to_string(info.file_count)},
+        {"dir_count", std::to_string(info.dir_count)},
+        {"total_bytes", std::to_string(info.total_bytes)},
+        {"class_count", std::to_string(info.class_count)},
+        {"created_unix", std::to_string(info.created_unix)},
+        {"source", info.source},
+        {"chunk_size", std::to_string(info.chunk_size)},
+        {"manifest_chunks", std::to_string(info.manifest_chunks)},
+        {"manifest_bytes", std::to_string(info.manifest_bytes)},
+        {"manifest_xxh64", hex64(info.manifest_xxh64)},
+    }};
+    std::vector<std::string_view> hset = {"HSET", info_key};
+    for (const auto& [key, value] : fields) {
+      hset.push_back(key);
+      hset.push_back(value);
+    }
+    conn.append({"MULTI"});
+    conn.append(std::span<const std::string_view>(hset));
+    conn.append({"EXEC"});
+    const store::Reply multi = conn.read_reply();
+    const store::Reply queued = conn.read_reply();
+    const store::Reply exec = conn.read_reply();
+    multi.expect_ok("MULTI");
+    queued.expect_ok("HSET info");
+    exec.expect_ok("EXEC");
+    if (!exec.is_nil()) break;  // committed
+    if (attempt >= 10) {
+      throw std::runtime_error(
+          fmt::format("dataset '{}': info kept changing during publish; try again", name));
+    }
+    spdlog::debug("publish '{}': info changed concurrently, retrying", name);
+  }
+  conn.command({"SADD", keys.datasets(), name}).expect_ok("SADD datasets");
+}
+
+uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                         unsigned keep_previous) {
+  const DatasetInfo info = read_info(conn, keys, name);
+  std::vector<uint64_t> generations;
+  for (const auto& text :
+       string_elements(conn.command({"SMEMBERS", keys.generations(name)}), "SMEMBERS gens")) {
+    uint64_t gen = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), gen);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      spdlog::warn("dataset '{}': ignoring '{}' in {}: not a generation number", name, text,
+                   keys.generations(name));
+      continue;
+    }
+    generations.push_back(gen);
+  }
+  // Newer generations than the current one belong to ingests still running (or failed ones,
+  // collected after the next publish). Of the older ones, the newest `keep_previous` that were
+  // published (have a manifest) stay for mounted readers still holding them.
+  std::sort(generations.rbegin(), generations.rend());
+  uint64_t deleted = 0;
+  unsigned kept = 0;
+  for (const uint64_t gen : generations) {
+    if (gen >= info.generation) continue;
+    if (kept < keep_previous && manifest_exists(conn, keys, name, gen)) {
+      ++kept;
+      continue;
+    }
+    // Objects first and the gens entry last, so an interrupted collection is redone next time.
+    unlink_matching(conn, keys.generation_objects_pattern(name, gen), deleted, {});
+    unlink_matching(conn, keys.generation_manifest_pattern(name, gen), deleted, {});
+    conn.command({"SREM", keys.generations(name), std::to_string(gen)}).expect_ok("SREM gens");
+    spdlog::debug("dataset '{}': collected generation {}", name, gen);
+  }
+  return deleted;
+}
+
+uint64_t remove_dataset(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                        const std::function<void(uint64_t)>& progress) {
+  validate_dataset_name(name);
+  // Anything left by a publish, a failed ingest or an interrupted rm counts as existing.
+  conn.append({"EXISTS", keys.info(name), keys.generations(name), keys.next_generation(name)});
+  conn.append({"SISMEMBER", keys.datasets(), name});
+  const store::Reply exists = conn.read_reply();
+  const store::Reply member = conn.read_reply();
+  const long long keys_present = exists.expect_ok("EXISTS").integer();
+  const long long listed = member.expect_ok("SISMEMBER").integer();
+  if (keys_present == 0 && listed == 0) throw_not_found(conn, keys, name);
+
+  uint64_t deleted = 0;
+  unlink_matching(conn, keys.dataset_objects_pattern(name), deleted, progress);
+  unlink_matching(conn, keys.dataset_manifests_pattern(name), deleted, progress);
+  deleted += static_cast<uint64_t>(
+      conn.command({"UNLINK", keys.generations(name), keys.next_generation(name)})
+          .expect_ok("UNLINK gens")
+          .integer());
+  conn.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
+  // The info hash goes last: while it exists, an interrupted rm can simply be run again.
+  deleted += static_cast<uint64_t>(
+      conn.command({"UNLINK", keys.info(name)}).expect_ok("UNLINK info").integer());
+  if (progress) progress(deleted);
+  return deleted;
+}
+
+}  // namespace dsfs::catalog

@@ -1,0 +1,414 @@
+// Dataset operations (publish, load, list, info, GC, rm) against a real redis-server.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/catalog/dataset.h"
+#include "src/catalog/manifest.h"
+#include "src/store/errors.h"
+
+extern char** environ;
+
+namespace dsfs::catalog {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("socket() failed");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot find a free port");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// A throwaway redis-server on a free loopback port, without persistence; stopped on destruction.
+class RedisServer {
+ public:
+  RedisServer()
+      : port_(free_port()),
+        dir_(std::filesystem::temp_directory_path() /
+             ("dsfs-catalog-test-" + std::to_string(::getpid()) + "-" + std::to_string(port_))) {
+    std::filesystem::create_directories(dir_);
+    std::vector<std::string> args = {"redis-server",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_.string(),
+                                     "--logfile",
+                                     (dir_ / "redis.log").string()};
+    std::vector<char*> argv;
+    for (auto& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
+      throw std::runtime_error("cannot run redis-server (install Debian's redis-server)");
+    }
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      try {
+        store::Connection probe(endpoint());
+        if (probe.command({"PING"}).str() == "PONG") return;
+      } catch (const store::ConnectionError&) {
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    stop();
+    throw std::runtime_error("redis-server did not start on port " + std::to_string(port_));
+  }
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+  ~RedisServer() {
+    stop();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  store::RedisEndpoint endpoint() const {
+    store::RedisEndpoint e;
+    e.host = "127.0.0.1";
+    e.port = port_;
+    return e;
+  }
+
+ private:
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = 0;
+  }
+  int port_;
+  pid_t pid_ = 0;
+  std::filesystem::path dir_;
+};
+
+class DatasetTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new RedisServer(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    conn_ = std::make_unique<store::Connection>(server_->endpoint());
+    conn_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  }
+
+  // Writes one object per file of `catalog` under generation `gen`, as ingest would.
+  void write_objects(const std::string& name, uint64_t gen, const Catalog& catalog) {
+    for (uint32_t i = 0; i < catalog.entry_count(); ++i) {
+      const CatalogEntry& e = catalog.entry(i);
+      if (e.is_dir) continue;
+      const std::string body(e.size, 'x');
+      if (catalog.chunk_count(i) == 1) {
+        conn_->command({"SET", keys_.object(name, gen, e.object_id), body}).expect_ok("SET");
+      } else {
+        for (uint64_t k = 0; k < catalog.chunk_count(i); ++k) {
+          conn_->command({"SET", keys_.object_chunk(name, gen, e.object_id, k), "c"})
+              .expect_ok("SET");
+        }
+      }
+    }
+  }
+
+  // begin_generation + objects + publish; returns the published info.
+  DatasetInfo ingest(const std::string& name, const Catalog& catalog) {
+    DatasetInfo info;
+    info.name = name;
+    info.source = "/data/" + name;
+    info.generation = begin_generation(*conn_, keys_, name);
+    write_objects(name, info.generation, catalog);
+    publish(*conn_, keys_, info, catalog);
+    return info;
+  }
+
+  long long count_keys(const std::string& pattern) {
+    return static_cast<long long>(conn_->command({"KEYS", pattern}).size());
+  }
+
+  static RedisServer* server_;
+  std::unique_ptr<store::Connection> conn_;
+  KeySchema keys_{"dsfs"};
+};
+
+RedisServer* DatasetTest::server_ = nullptr;
+
+Catalog sample_catalog(int variant, uint64_t chunk_size = 1000) {
+  CatalogBuilder b(ChecksumKind::kXxh64, chunk_size);
+  b.set_classes({"cat", "dog"});
+  b.add_file("cat/1.jpg", 100 + variant, 1, 0644, 1, 0, 11, "");
+  b.add_file("dog/2.jpg", 2500, 2, 0644, 2, 1, 22, R"({"v":)" + std::to_string(variant) + "}");
+  b.add_file("weird name ü.bin", 0, 3, 0644, 3, kNoLabel, 33, "");
+  if (variant > 1) b.add_file("cat/extra.jpg", 7, 4, 0644, 4, 0, 44, "");
+  return std::move(b).build();
+}
+
+TEST_F(DatasetTest, ListIsEmptyAndUnknownDatasetIsNotFound) {
+  EXPECT_TRUE(list_datasets(*conn_, keys_).empty());
+  try {
+    read_info(*conn_, keys_, "nope");
+    FAIL() << "expected DatasetNotFound";
+  } catch (const DatasetNotFound& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'nope'"));
+    EXPECT_THAT(e.what(), HasSubstr("namespace 'dsfs'"));
+    EXPECT_THAT(e.what(), HasSubstr("dsfs list"));
+  }
+  EXPECT_THROW(read_info(*conn_, keys_, "bad name"), std::invalid_argument);
+  EXPECT_THROW(remove_dataset(*conn_, keys_, "nope"), DatasetNotFound);
+  EXPECT_THROW(collect_garbage(*conn_, keys_, "nope"), DatasetNotFound);
+}
+
+TEST_F(DatasetTest, GenerationsAreFreshAndRecorded) {
+  EXPECT_EQ(begin_generation(*conn_, keys_, "ds"), 1u);
+  EXPECT_EQ(begin_generation(*conn_, keys_, "ds"), 2u);
+  EXPECT_EQ(begin_generation(*conn_, keys_, "other"), 1u);
+  const store::Reply gens = conn_->command({"SMEMBERS", keys_.generations("ds")});
+  std::set<std::string> members;
+  for (size_t i = 0; i < gens.size(); ++i)
+    members.emplace(store::Reply::element_str(gens.element(i)));
+  EXPECT_EQ(members, (std::set<std::string>{"1", "2"}));
+  EXPECT_THROW(begin_generation(*conn_, keys_, "a:b"), std::invalid_argument);
+}
+
+TEST_F(DatasetTest, PublishThenLoadRoundTrips) {
+  const Catalog catalog = sample_catalog(1);
+  const DatasetInfo published = ingest("ds", catalog);
+  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("ds"));
+
+  const DatasetInfo info = read_info(*conn_, keys_, "ds");
+  EXPECT_EQ(info.name, "ds");
+  EXPECT_EQ(info.schema_version, kSchemaVersion);
+  EXPECT_EQ(info.generation, published.generation);
+  EXPECT_EQ(info.previous_generation, 0u);
+  EXPECT_EQ(info.file_count, 3u);
+  EXPECT_EQ(info.dir_count, 3u);
+  EXPECT_EQ(info.total_bytes, 101u + 2500);
+  EXPECT_EQ(info.class_count, 2u);
+  EXPECT_EQ(info.source, "/data/ds");
+  EXPECT_EQ(info.chunk_size, 1000u);
+  EXPECT_GT(info.created_unix, 1600000000);
+  EXPECT_EQ(info.manifest_chunks, 1u);
+  EXPECT_EQ(info.manifest_bytes, encode_manifest(catalog).size());
+  EXPECT_EQ(info.manifest_xxh64, published.manifest_xxh64);
+
+  const auto loaded = load_catalog(*conn_, keys_, info);
+  EXPECT_EQ(encode_manifest(*loaded), encode_manifest(catalog));
+  EXPECT_EQ(loaded->metadata(*loaded->find("dog/2.jpg")), R"({"v":1})");
+  // The connection is still in step after all that pipelining.
+  EXPECT_EQ(conn_->command({"PING"}).str(), "PONG");
+}
+
+TEST_F(DatasetTest, LargeManifestIsSplitIntoChunks) {
+  CatalogBuilder b(ChecksumKind::kXxh64, kDefaultChunkSize);
+  const std::string blob(kManifestChunkSize + 12345, 'm');
+  b.add_file("big-meta", 5, 0, 0644, 1, kNoLabel, 0, R"({"blob":")" + blob + "\"}");
+  b.add_file("small", 1, 0, 0644, 2, kNoLabel, 0, "");
+  const Catalog catalog = std::move(b).build();
+  ingest("big", catalog);
+  const DatasetInfo info = read_info(*conn_, keys_, "big");
+  EXPECT_EQ(info.manifest_chunks, 2u);
+  EXPECT_EQ(conn_->command({"STRLEN", keys_.manifest_chunk("big", info.generation, 0)}).integer(),
+            static_cast<long long>(kManifestChunkSize));
+  const auto loaded = load_catalog(*conn_, keys_, info);
+  EXPECT_EQ(loaded->metadata(*loaded->find("big-meta")).size(), blob.size() + 11);
+}
+
+TEST_F(DatasetTest, LoadRejectsMissingShortLongAndCorruptManifests) {
+  ingest("ds", sample_catalog(1));
+  const DatasetInfo info = read_info(*conn_, keys_, "ds");
+  const std::string chunk = keys_.manifest_chunk("ds", info.generation, 0);
+  const std::string original(conn_->command({"GET", chunk}).str());
+
+  conn_->command({"SETRANGE", chunk, "40", "\x7f"});
+  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+              testing::ThrowsMessage<ManifestError>(HasSubstr("xxh64")));
+  conn_->command({"APPEND", chunk, "zz"});
+  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+              testing::ThrowsMessage<ManifestError>(HasSubstr("bytes")));
+  conn_->command({"SET", chunk, original.substr(0, original.size() - 1)});
+  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+              testing::ThrowsMessage<ManifestError>(HasSubstr("bytes")));
+  conn_->command({"DEL", chunk});
+  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+              testing::ThrowsMessage<ManifestError>(HasSubstr("missing")));
+  DatasetInfo absurd = info;
+  absurd.manifest_chunks = 1ull << 40;
+  EXPECT_THROW(load_catalog(*conn_, keys_, absurd), ManifestError);
+  EXPECT_EQ(conn_->command({"PING"}).str(), "PONG");
+}
+
+TEST_F(DatasetTest, ReadInfoRejectsCorruptAndNewerHashes) {
+  ingest("ds", sample_catalog(1));
+  const std::string key = keys_.info("ds");
+  conn_->command({"HSET", key, "schema_version", "2"});
+  EXPECT_THAT([&] { read_info(*conn_, keys_, "ds"); },
+              testing::ThrowsMessage<std::runtime_error>(HasSubstr("upgrade dsfs")));
+  conn_->command({"HSET", key, "schema_version", "1"});
+  conn_->command({"HSET", key, "generation", "abc"});
+  EXPECT_THAT([&] { read_info(*conn_, keys_, "ds"); },
+              testing::ThrowsMessage<std::runtime_error>(HasSubstr("'generation'")));
+  conn_->command({"HSET", key, "generation", "1"});
+  conn_->command({"HDEL", key, "manifest_xxh64"});
+  EXPECT_THAT([&] { read_info(*conn_, keys_, "ds"); },
+              testing::ThrowsMessage<std::runtime_error>(HasSubstr("manifest_xxh64")));
+  conn_->command({"DEL", key});
+  conn_->command({"SET", key, "not a hash"});
+  EXPECT_THROW(read_info(*conn_, keys_, "ds"), store::ReplyError);
+}
+
+TEST_F(DatasetTest, RepublishFlipsToTheNewGenerationAndRemembersThePrevious) {
+  const DatasetInfo first = ingest("ds", sample_catalog(1));
+  const DatasetInfo second = ingest("ds", sample_catalog(2));
+  EXPECT_GT(second.generation, first.generation);
+  const DatasetInfo info = read_info(*conn_, keys_, "ds");
+  EXPECT_EQ(info.generation, second.generation);
+  EXPECT_EQ(info.previous_generation, first.generation);
+  EXPECT_EQ(info.file_count, 4u);
+  EXPECT_TRUE(load_catalog(*conn_, keys_, info)->find("cat/extra.jpg"));
+  // The old snapshot is still loadable until collected.
+  DatasetInfo old = info;
+  old.generation = first.generation;
+  old.manifest_chunks = first.manifest_chunks;
+  old.manifest_bytes = first.manifest_bytes;
+  old.manifest_xxh64 = first.manifest_xxh64;
+  old.file_count = first.file_count;
+  old.total_bytes = first.total_bytes;
+  EXPECT_FALSE(load_catalog(*conn_, keys_, old)->find("cat/extra.jpg"));
+  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("ds"));
+}
+
+TEST_F(DatasetTest, PublishNeverGoesBackToAnOlderGeneration) {
+  DatasetInfo slow;
+  slow.name = "ds";
+  slow.generation = begin_generation(*conn_, keys_, "ds");
+  const DatasetInfo fast = ingest("ds", sample_catalog(2));
+  EXPECT_THAT([&] { publish(*conn_, keys_, slow, sample_catalog(1)); },
+              testing::ThrowsMessage<std::runtime_error>(HasSubstr("newer")));
+  EXPECT_EQ(read_info(*conn_, keys_, "ds").generation, fast.generation);
+  DatasetInfo none;
+  none.name = "ds";
+  EXPECT_THROW(publish(*conn_, keys_, none, sample_catalog(1)), std::invalid_argument);
+}
+
+// sample_catalog(1) with chunk size 1000 stores 5 object keys (101 B, 2500 B in 3 chunks, 0 B)
+// and one manifest chunk.
+constexpr long long kSampleObjectKeys = 5;
+
+TEST_F(DatasetTest, GarbageCollectionKeepsCurrentAndPreviousPublished) {
+  const DatasetInfo g1 = ingest("ds", sample_catalog(1));
+  const DatasetInfo g2 = ingest("ds", sample_catalog(1));
+  const DatasetInfo g3 = ingest("ds", sample_catalog(1));
+  ingest("ds2", sample_catalog(1));  // neighbours whose keys must survive
+  ingest("d", sample_catalog(1));
+  const long long neighbour_keys = count_keys("dsfs:ds2:*") + count_keys("dsfs:{ds2}:*") +
+                                   count_keys("dsfs:d:*") + count_keys("dsfs:{d}:*");
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
+
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_manifest_pattern("ds", g1.generation)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), kSampleObjectKeys);
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), 0u);  // nothing left to do
+
+  // A failed ingest (objects, no manifest) between two published generations, and one still
+  // running beyond the current one.
+  const uint64_t failed = begin_generation(*conn_, keys_, "ds");
+  write_objects("ds", failed, sample_catalog(1));
+  const DatasetInfo g5 = ingest("ds", sample_catalog(1));
+  const uint64_t running = begin_generation(*conn_, keys_, "ds");
+  write_objects("ds", running, sample_catalog(1));
+
+  // Kept: g5 (current) and g3 (the newest published before it); collected: g2 and the failure.
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1),
+            static_cast<uint64_t>(kSampleObjectKeys + 1 + kSampleObjectKeys));
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", failed)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g5.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", running)), kSampleObjectKeys);
+  EXPECT_EQ(conn_->command({"SCARD", keys_.generations("ds")}).integer(), 3);
+
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 0), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), 0);
+  EXPECT_TRUE(load_catalog(*conn_, keys_, read_info(*conn_, keys_, "ds")));
+  EXPECT_EQ(count_keys("dsfs:ds2:*") + count_keys("dsfs:{ds2}:*") + count_keys("dsfs:d:*") +
+                count_keys("dsfs:{d}:*"),
+            neighbour_keys);
+}
+
+TEST_F(DatasetTest, RemoveDeletesEveryKeyOfTheDatasetOnly) {
+  ingest("ds", sample_catalog(1));
+  ingest("ds", sample_catalog(2));
+  const uint64_t failed = begin_generation(*conn_, keys_, "ds");
+  write_objects("ds", failed, sample_catalog(1));
+  ingest("ds2", sample_catalog(1));
+  ingest("d", sample_catalog(1));
+  const long long total_before = static_cast<long long>(count_keys("*"));
+  const long long ds_keys = count_keys("dsfs:ds:*") + count_keys("dsfs:{ds}:*");
+
+  std::vector<uint64_t> reported;
+  const uint64_t deleted =
+      remove_dataset(*conn_, keys_, "ds", [&](uint64_t n) { reported.push_back(n); });
+  EXPECT_EQ(static_cast<long long>(deleted), ds_keys);
+  ASSERT_FALSE(reported.empty());
+  EXPECT_EQ(reported.back(), deleted);
+  EXPECT_TRUE(std::is_sorted(reported.begin(), reported.end()));
+  EXPECT_EQ(count_keys("dsfs:ds:*") + count_keys("dsfs:{ds}:*"), 0);
+  EXPECT_EQ(count_keys("*"), total_before - ds_keys);
+  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("d", "ds2"));
+  EXPECT_THROW(read_info(*conn_, keys_, "ds"), DatasetNotFound);
+  EXPECT_THROW(remove_dataset(*conn_, keys_, "ds"), DatasetNotFound);
+  EXPECT_TRUE(load_catalog(*conn_, keys_, read_info(*conn_, keys_, "ds2")));
+}
+
+TEST_F(DatasetTest, RemoveCleansUpAnIngestThatNeverPublished) {
+  const uint64_t gen = begin_generation(*conn_, keys_, "orphan");
+  write_objects("orphan", gen, sample_catalog(1));
+  EXPECT_EQ(remove_dataset(*conn_, keys_, "orphan"), static_cast<uint64_t>(kSampleObjectKeys + 2));
+  EXPECT_EQ(count_keys("*"), 0);
+}
+
+TEST_F(DatasetTest, RemoveCanBeRerunAfterAnInterruption) {
+  ingest("ds", sample_catalog(1));
+  // As if an earlier rm stopped after deleting the objects and the datasets entry.
+  conn_->command({"EVAL",
+                  "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end", "0",
+                  keys_.dataset_objects_pattern("ds")});
+  conn_->command({"SREM", keys_.datasets(), "ds"});
+  EXPECT_GT(remove_dataset(*conn_, keys_, "ds"), 0u);
+  EXPECT_EQ(count_keys("*"), 0);
+}
+
+}  // namespace
+}  // namespace dsfs::catalog
