@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -166,9 +167,11 @@ Health probe(const fs::path& socket, int* pid = nullptr) {
     if (pid) {
       const Reply info = conn.command({"INFO", "server"});
       const std::string_view text = info.str();
-      const size_t at = text.find("process_id:");
-      if (at != std::string_view::npos)
-        *pid = std::atoi(std::string(text.substr(at + 11, 12)).c_str());
+      constexpr std::string_view kField = "process_id:";
+      if (const size_t at = text.find(kField); at != std::string_view::npos) {
+        const std::string_view digits = text.substr(at + kField.size());
+        std::from_chars(digits.data(), digits.data() + digits.size(), *pid);
+      }
     }
     return Health::kReady;
   } catch (const ConnectionError& e) {

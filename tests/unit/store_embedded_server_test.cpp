@@ -113,6 +113,19 @@ TEST_F(EmbeddedServerTest, StalePidFileAndSocketAreDetected) {
   EXPECT_NE(server.status().pid, ::getpid());
 }
 
+TEST_F(EmbeddedServerTest, RunningServerWithoutPidFileIsStillFound) {
+  EmbeddedServer server(home_);
+  server.start();
+  const int pid = server.status().pid;
+  fs::remove(home_ / "redis" / "redis.pid");
+  const EmbeddedServerStatus status = server.status();
+  EXPECT_TRUE(status.running);
+  EXPECT_EQ(status.pid, pid);
+  EXPECT_FALSE(server.start());
+  EXPECT_TRUE(server.stop());
+  EXPECT_FALSE(is_running_process(pid));
+}
+
 TEST_F(EmbeddedServerTest, KilledServerIsReportedStoppedAndRestarts) {
   EmbeddedServer server(home_);
   server.start();
