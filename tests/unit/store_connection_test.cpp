@@ -93,22 +93,23 @@ class RedisProcess {
                                      "--logfile",
                                      (dir_ / "redis.log").string()};
     args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    const size_t log_offset = log_text().size();
     std::vector<char*> argv;
     for (auto& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
     if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
       throw std::runtime_error("cannot run redis-server");
     }
-    // Ready once it accepts connections (AUTH-less PING may be refused, which is fine here).
+    // Ready once *this* server logs that it listens (a probe connect could reach another
+    // process that grabbed the port); it exits at once if the port was taken.
     for (int attempt = 0; attempt < 200; ++attempt) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in address{};
-      address.sin_family = AF_INET;
-      address.sin_port = htons(static_cast<uint16_t>(port_));
-      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-      ::close(fd);
-      if (up) return;
+      if (log_text().find("Ready to accept connections", log_offset) != std::string::npos) return;
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        throw std::runtime_error("redis-server exited at start (port " + std::to_string(port_) +
+                                 " taken?); see " + (dir_ / "redis.log").string());
+      }
       std::this_thread::sleep_for(50ms);
     }
     throw std::runtime_error("redis-server did not start on port " + std::to_string(port_));
@@ -123,6 +124,10 @@ class RedisProcess {
   }
 
   int port() const { return port_; }
+  std::string log_text() const {
+    std::ifstream in(dir_ / "redis.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
   RedisEndpoint endpoint(std::string user = {}, std::string password = {}, int db = 0) const {
     RedisEndpoint endpoint;
     endpoint.host = "127.0.0.1";
