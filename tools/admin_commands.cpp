@@ -1,0 +1,190 @@
+// `dsfs list`, `dsfs info NAME`, `dsfs rm NAME`.
+#include "tools/admin_commands.h"
+
+#include <fmt/core.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <ctime>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "src/catalog/dataset.h"
+#include "src/catalog/names.h"
+#include "src/store/connection.h"
+#include "tools/progress.h"
+
+namespace dsfs::tools {
+namespace {
+
+nlohmann::json info_to_json(const catalog::DatasetInfo& info) {
+  return nlohmann::json{
+      {"name", info.name},
+      {"schema_version", info.schema_version},
+      {"generation", info.generation},
+      {"previous_generation", info.previous_generation},
+      {"file_count", info.file_count},
+      {"dir_count", info.dir_count},
+      {"total_bytes", info.total_bytes},
+      {"class_count", info.class_count},
+      {"created_unix", info.created_unix},
+      {"source", info.source},
+      {"chunk_size", info.chunk_size},
+      {"manifest_chunks", info.manifest_chunks},
+      {"manifest_bytes", info.manifest_bytes},
+      {"manifest_xxh64", fmt::format("{:016x}", info.manifest_xxh64)},
+  };
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1000 && unit + 1 < std::size(kUnits)) {
+    value /= 1000;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
+std::string format_time(int64_t unix_seconds) {
+  const std::time_t time = static_cast<std::time_t>(unix_seconds);
+  std::tm utc{};
+  if (!gmtime_r(&time, &utc)) return std::to_string(unix_seconds);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  return text;
+}
+
+void list_command(const cli::GlobalOptions& global, bool as_json) {
+  cli::apply_log_level(global);
+  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
+  const catalog::KeySchema keys(global.ns);
+  store::Connection conn(endpoint);
+  std::vector<std::string> names = catalog::list_datasets(conn, keys);
+  std::sort(names.begin(), names.end());
+  std::vector<catalog::DatasetInfo> infos;
+  infos.reserve(names.size());
+  for (const auto& name : names) {
+    try {
+      infos.push_back(catalog::read_info(conn, keys, name));
+    } catch (const catalog::DatasetNotFound&) {
+      // Removed between the two reads.
+    }
+  }
+  if (as_json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& info : infos) list.push_back(info_to_json(info));
+    fmt::print("{}\n", list.dump(2));
+    return;
+  }
+  if (infos.empty()) {
+    fmt::print(stderr, "no datasets in namespace '{}' on {}; add one with `dsfs ingest`\n",
+               keys.ns(), endpoint.describe());
+    return;
+  }
+  size_t name_width = 4;
+  for (const auto& info : infos) name_width = std::max(name_width, info.name.size());
+  fmt::print("{:<{}}  {:>12}  {:>10}  {:>10}\n", "NAME", name_width, "FILES", "SIZE", "GENERATION");
+  for (const auto& info : infos) {
+    fmt::print("{:<{}}  {:>12}  {:>10}  {:>10}\n", info.name, name_width,
+               format_count(info.file_count), format_bytes(info.total_bytes), info.generation);
+  }
+}
+
+void info_command(const cli::GlobalOptions& global, const std::string& name, bool as_json) {
+  cli::apply_log_level(global);
+  catalog::validate_dataset_name(name);
+  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
+  const catalog::KeySchema keys(global.ns);
+  store::Connection conn(endpoint);
+  const catalog::DatasetInfo info = catalog::read_info(conn, keys, name);
+  if (as_json) {
+    fmt::print("{}\n", info_to_json(info).dump(2));
+    return;
+  }
+  fmt::print("name:                {}\n", info.name);
+  fmt::print("files:               {}\n", format_count(info.file_count));
+  fmt::print("directories:         {}\n", format_count(info.dir_count));
+  fmt::print("size:                {} ({} bytes)\n", format_bytes(info.total_bytes),
+             format_count(info.total_bytes));
+  fmt::print("classes:             {}\n", format_count(info.class_count));
+  fmt::print("generation:          {}\n", info.generation);
+  fmt::print("previous generation: {}\n",
+             info.previous_generation ? std::to_string(info.previous_generation) : "none");
+  fmt::print("created:             {}\n", format_time(info.created_unix));
+  fmt::print("source:              {}\n", info.source);
+  fmt::print("chunk size:          {} bytes\n", format_count(info.chunk_size));
+  fmt::print("manifest:            {} chunks, {} bytes, xxh64 {:016x}\n", info.manifest_chunks,
+             format_count(info.manifest_bytes), info.manifest_xxh64);
+  fmt::print("schema version:      {}\n", info.schema_version);
+}
+
+void rm_command(const cli::GlobalOptions& global, const std::string& name,
+                const std::string& progress_style) {
+  cli::apply_log_level(global);
+  catalog::validate_dataset_name(name);
+  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
+  const catalog::KeySchema keys(global.ns);
+  store::Connection conn(endpoint);
+  ProgressOptions progress_options;
+  progress_options.unit = "keys";
+  progress_options.show_bytes = false;
+  progress_options.style = progress_style == "none"    ? ProgressStyle::kQuiet
+                           : progress_style == "bar"   ? ProgressStyle::kBar
+                           : progress_style == "lines" ? ProgressStyle::kLines
+                                                       : ProgressStyle::kAuto;
+  Progress progress(fmt::format("rm {}", name), progress_options);
+  uint64_t reported = 0;
+  const uint64_t deleted = catalog::remove_dataset(conn, keys, name, [&](uint64_t keys_deleted) {
+    progress.add(keys_deleted - std::min(keys_deleted, reported), 0);
+    reported = std::max(reported, keys_deleted);
+  });
+  progress.stop();
+  fmt::print("removed dataset '{}' ({} keys)\n", name, format_count(deleted));
+}
+
+}  // namespace
+
+void register_admin_commands(CLI::App& app, cli::GlobalOptions& global) {
+  {
+    auto as_json = std::make_shared<bool>(false);
+    CLI::App* sub = app.add_subcommand("list", "List published datasets: files, size, generation");
+    sub->add_flag("--json", *as_json, "Print a JSON array of every dataset's info");
+    cli::add_global_options(*sub, global);
+    sub->callback([as_json, &global] { list_command(global, *as_json); });
+  }
+  {
+    struct InfoState {
+      std::string name;
+      bool as_json = false;
+    };
+    auto state = std::make_shared<InfoState>();
+    CLI::App* sub = app.add_subcommand("info",
+                                       "Show a dataset's info: counts, sizes, classes, "
+                                       "generation, source");
+    sub->add_option("NAME", state->name, "Dataset name")->required();
+    sub->add_flag("--json", state->as_json, "Print the info as a JSON object");
+    cli::add_global_options(*sub, global);
+    sub->callback([state, &global] { info_command(global, state->name, state->as_json); });
+  }
+  {
+    struct RmState {
+      std::string name;
+      bool yes = false;
+      std::string progress = "auto";
+    };
+    auto state = std::make_shared<RmState>();
+    CLI::App* sub = app.add_subcommand(
+        "rm", "Remove a dataset: every generation's keys, in batches that never block Redis long");
+    sub->add_option("NAME", state->name, "Dataset name")->required();
+    sub->add_flag("--yes,-y", state->yes, "Accepted for scripts; rm never asks");
+    sub->add_option("--progress", state->progress, "auto, bar, lines or none")
+        ->check(CLI::IsMember({"auto", "bar", "lines", "none"}))
+        ->capture_default_str();
+    cli::add_global_options(*sub, global);
+    sub->callback([state, &global] { rm_command(global, state->name, state->progress); });
+  }
+}
+
+}  // namespace dsfs::tools

@@ -1,0 +1,222 @@
+#include "tools/ingest.h"
+
+#include <fmt/core.h>
+#include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <optional>
+
+#include "src/catalog/dataset.h"
+#include "src/catalog/names.h"
+#include "src/store/connection.h"
+#include "src/store/errors.h"
+#include "tools/ingest_writer.h"
+#include "tools/sources.h"
+
+namespace dsfs::tools {
+namespace {
+
+constexpr unsigned kMaxJobs = 64;
+constexpr size_t kScanBatch = 1000;
+
+// SCAN MATCH `pattern` and UNLINK what it finds, one batch at a time so Redis is never blocked
+// for long. Returns keys deleted.
+uint64_t unlink_matching(store::Connection& conn, const std::string& pattern) {
+  uint64_t deleted = 0;
+  std::string cursor = "0";
+  const std::string count = std::to_string(kScanBatch);
+  do {
+    const store::Reply reply =
+        conn.command({std::string_view("SCAN"), std::string_view(cursor), "MATCH",
+                      std::string_view(pattern), "COUNT", std::string_view(count)});
+    reply.expect_ok("SCAN");
+    if (!reply.is_array() || reply.size() != 2) {
+      throw store::ReplyError("unexpected reply to SCAN");
+    }
+    cursor = std::string(store::Reply::element_str(reply.element(0)));
+    const redisReply* batch = reply.element(1);
+    if (batch->type != REDIS_REPLY_ARRAY || batch->elements == 0) continue;
+    std::vector<std::string_view> argv{"UNLINK"};
+    argv.reserve(batch->elements + 1);
+    for (size_t i = 0; i < batch->elements; ++i) {
+      argv.push_back(store::Reply::element_str(batch->element[i]));
+    }
+    const store::Reply unlinked = conn.command(std::span<const std::string_view>(argv));
+    unlinked.expect_ok("UNLINK");
+    deleted += static_cast<uint64_t>(unlinked.integer());
+  } while (cursor != "0");
+  return deleted;
+}
+
+// Best effort after a failure: deletes what this ingest wrote of its own generation, unless the
+// publish got as far as making it current. Never throws; what it cannot delete the next
+// successful ingest's garbage collection removes (the generation stays in the gens set).
+void discard_generation(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
+                        const std::string& name, uint64_t generation) {
+  try {
+    store::Connection conn(endpoint);
+    try {
+      if (catalog::read_info(conn, keys, name).generation == generation) {
+        spdlog::warn("generation {} of '{}' was published before the failure; keeping it",
+                     generation, name);
+        return;
+      }
+    } catch (const catalog::DatasetNotFound&) {
+    }
+    uint64_t deleted = unlink_matching(conn, keys.generation_objects_pattern(name, generation));
+    deleted += unlink_matching(conn, keys.generation_manifest_pattern(name, generation));
+    conn.command({std::string_view("SREM"), std::string_view(keys.generations(name)),
+                  std::string_view(std::to_string(generation))})
+        .expect_ok("SREM");
+    spdlog::info("removed {} keys of the unpublished generation {} of '{}'", deleted, generation,
+                 name);
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "could not remove the unpublished generation {} of '{}' ({}); the next successful "
+        "ingest of '{}' removes it",
+        generation, name, e.what(), name);
+  }
+}
+
+std::string previous_state(const std::optional<uint64_t>& previous_generation) {
+  return previous_generation ? fmt::format("generation {} is still current", *previous_generation)
+                             : std::string("the dataset was not created");
+}
+
+}  // namespace
+
+void validate_ingest_options(const IngestOptions& options) {
+  catalog::validate_dataset_name(options.dataset);
+  if (options.jobs < 1 || options.jobs > kMaxJobs) {
+    throw std::invalid_argument(
+        fmt::format("--jobs {} is out of range: use 1 to {}", options.jobs, kMaxJobs));
+  }
+  if (options.chunk_size < 1 || options.chunk_size > kMaxChunkSize) {
+    throw std::invalid_argument(
+        fmt::format("--chunk-size {} is out of range: use 1 byte to 512 MiB", options.chunk_size));
+  }
+  if (options.checksum != catalog::ChecksumKind::kXxh64 &&
+      options.checksum != catalog::ChecksumKind::kNone) {
+    throw std::invalid_argument("--checksum must be xxh64 or none");
+  }
+  if (options.max_bytes_in_flight == 0) {
+    throw std::invalid_argument("the in-flight memory bound must be at least 1 byte");
+  }
+}
+
+IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
+                        const IngestOptions& options) {
+  validate_ingest_options(options);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string& name = options.dataset;
+  auto stop_requested = [&] { return options.stop && options.stop->load(); };
+
+  std::optional<SampleMetadata> metadata;
+  if (options.metadata_file) metadata = load_metadata_file(*options.metadata_file);
+  SourceOptions source_options;
+  source_options.parallelism = options.jobs;
+  source_options.chunk_size = options.chunk_size;
+  source_options.checksum = options.checksum;
+  const auto source = open_source(options.source, source_options);
+
+  store::Connection control(endpoint);
+  std::optional<uint64_t> previous_generation;
+  try {
+    previous_generation = catalog::read_info(control, keys, name).generation;
+  } catch (const catalog::DatasetNotFound&) {
+  }
+  const uint64_t generation = catalog::begin_generation(control, keys, name);
+  spdlog::debug("ingesting {} '{}' into '{}' generation {}", to_string(source->kind()),
+                source->description(), name, generation);
+
+  IngestResult result;
+  result.generation = generation;
+  Progress progress(fmt::format("ingest {}", name), ProgressOptions{.style = options.progress});
+  try {
+    catalog::DatasetInfo info;
+    SourceContents contents;
+    {
+      WriterOptions writer_options;
+      writer_options.connections = options.jobs;
+      writer_options.max_bytes_in_flight = options.max_bytes_in_flight;
+      writer_options.on_piece_written = options.on_piece_written;
+      RedisPieceWriter writer(endpoint, keys, name, generation, std::move(writer_options),
+                              options.stop, &progress);
+      try {
+        contents = source->read(writer);
+        writer.finish();
+      } catch (const StopRequested&) {
+        // A source thread saw the stop; the reason is a write error or the external stop.
+        if (const auto error = writer.error()) std::rethrow_exception(error);
+        throw IngestInterrupted("interrupted");
+      }
+    }
+    if (stop_requested()) throw IngestInterrupted("interrupted");
+
+    CatalogBuildStats stats;
+    const catalog::Catalog catalog =
+        build_catalog(contents, options.labels, metadata ? &*metadata : nullptr, options.checksum,
+                      options.chunk_size, &stats);
+    if (stats.metadata_unknown_paths > 0) {
+      spdlog::warn("{} of {} metadata lines name no file of '{}' and were ignored",
+                   stats.metadata_unknown_paths, metadata->by_path.size(), name);
+    }
+    if (stop_requested()) throw IngestInterrupted("interrupted");
+
+    info.name = name;
+    info.generation = generation;
+    info.file_count = catalog.file_count();
+    info.dir_count = catalog.directory_count();
+    info.total_bytes = catalog.total_bytes();
+    info.class_count = catalog.classes().size();
+    info.created_unix = static_cast<int64_t>(std::time(nullptr));
+    info.source = source->description();
+    info.chunk_size = options.chunk_size;
+    catalog::publish(control, keys, info, catalog);
+
+    result.files = info.file_count;
+    result.directories = info.dir_count;
+    result.bytes = info.total_bytes;
+    result.classes = info.class_count;
+    result.skipped = contents.skipped;
+  } catch (const IngestInterrupted&) {
+    progress.stop();
+    discard_generation(endpoint, keys, name, generation);
+    throw IngestInterrupted(fmt::format("ingest of '{}' interrupted; nothing was published ({})",
+                                        name, previous_state(previous_generation)));
+  } catch (const std::exception& e) {
+    progress.stop();
+    discard_generation(endpoint, keys, name, generation);
+    throw std::runtime_error(fmt::format("ingest of '{}' failed: {}; nothing was published ({})",
+                                         name, e.what(), previous_state(previous_generation)));
+  }
+  progress.stop();
+
+  try {
+    result.garbage_keys_deleted =
+        catalog::collect_garbage(control, keys, name, options.keep_generations);
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "published '{}' generation {}, but removing old generations failed ({}); the "
+        "next ingest retries",
+        name, generation, e.what());
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::string format_ingest_summary(const std::string& dataset, const IngestResult& result) {
+  const double megabytes = static_cast<double>(result.bytes) / 1e6;
+  const double rate = result.seconds > 0 ? megabytes / result.seconds : 0;
+  std::string summary = fmt::format(
+      "ingested '{}': {} files, {:.1f} MB in {:.1f} s ({:.1f} MB/s), generation {}", dataset,
+      format_count(result.files), megabytes, result.seconds, rate, result.generation);
+  if (result.classes > 0) summary += fmt::format(", {} classes", format_count(result.classes));
+  if (result.skipped > 0) summary += fmt::format(", {} skipped", format_count(result.skipped));
+  return summary;
+}
+
+}  // namespace dsfs::tools

@@ -1,0 +1,143 @@
+#include "tools/ingest_catalog.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace dsfs::tools {
+namespace {
+
+std::string_view first_component(std::string_view path) {
+  return path.substr(0, path.find('/'));
+}
+
+// Metadata paths are matched like list paths: "./a/b" and "a//b" name "a/b".
+std::string metadata_key(std::string_view path) {
+  std::string key;
+  while (!path.empty()) {
+    const auto slash = path.find('/');
+    const std::string_view component = path.substr(0, slash);
+    path = slash == std::string_view::npos ? std::string_view{} : path.substr(slash + 1);
+    if (component.empty() || component == ".") continue;
+    if (!key.empty()) key += '/';
+    key += component;
+  }
+  return key;
+}
+
+}  // namespace
+
+LabelMode parse_label_mode(std::string_view text) {
+  if (text == "auto") return LabelMode::kAuto;
+  if (text == "none") return LabelMode::kNone;
+  throw std::invalid_argument(fmt::format("unknown label mode '{}': use auto or none", text));
+}
+
+std::vector<std::string> image_folder_classes(const SourceContents& contents) {
+  std::vector<std::string> classes;
+  for (const auto& directory : contents.directories) {
+    if (!directory.path.empty()) classes.emplace_back(first_component(directory.path));
+  }
+  // Archives and URL lists imply directories by their files' paths.
+  for (const auto& file : contents.files) {
+    if (file.path.find('/') != std::string::npos) {
+      classes.emplace_back(first_component(file.path));
+    }
+  }
+  std::sort(classes.begin(), classes.end());
+  classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
+  return classes;
+}
+
+uint32_t image_folder_label(std::string_view path, const std::vector<std::string>& classes) {
+  const auto slash = path.find('/');
+  if (slash == std::string_view::npos) return catalog::kNoLabel;
+  const std::string_view top = path.substr(0, slash);
+  const auto it = std::lower_bound(classes.begin(), classes.end(), top);
+  if (it == classes.end() || *it != top) return catalog::kNoLabel;
+  return static_cast<uint32_t>(it - classes.begin());
+}
+
+SampleMetadata parse_metadata_jsonl(std::istream& in, std::string_view file_name) {
+  SampleMetadata metadata;
+  std::string line;
+  size_t line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto where = [&] { return fmt::format("{}:{}", file_name, line_number); };
+    nlohmann::json object;
+    try {
+      object = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw std::invalid_argument(fmt::format("{}: malformed JSON: {}", where(), e.what()));
+    }
+    if (!object.is_object()) {
+      throw std::invalid_argument(fmt::format("{}: expected a JSON object", where()));
+    }
+    const auto path_member = object.find("path");
+    if (path_member == object.end() || !path_member->is_string()) {
+      throw std::invalid_argument(
+          fmt::format("{}: every line needs a string member \"path\"", where()));
+    }
+    std::string key = metadata_key(path_member->get_ref<const std::string&>());
+    if (key.empty()) {
+      throw std::invalid_argument(fmt::format("{}: \"path\" names no file", where()));
+    }
+    object.erase(path_member);
+    std::string text = object.empty() ? std::string() : object.dump();
+    if (!metadata.by_path.emplace(key, std::move(text)).second) {
+      throw std::invalid_argument(fmt::format("{}: path '{}' appears twice", where(), key));
+    }
+  }
+  if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}'", file_name));
+  return metadata;
+}
+
+SampleMetadata load_metadata_file(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) {
+    throw std::runtime_error(
+        fmt::format("cannot read metadata file '{}': {}", file.string(), std::strerror(errno)));
+  }
+  return parse_metadata_jsonl(in, file.string());
+}
+
+catalog::Catalog build_catalog(const SourceContents& contents, LabelMode labels,
+                               const SampleMetadata* metadata, catalog::ChecksumKind checksum,
+                               uint64_t chunk_size, CatalogBuildStats* stats) {
+  CatalogBuildStats local_stats;
+  catalog::CatalogBuilder builder(checksum, chunk_size);
+  std::vector<std::string> classes;
+  if (labels == LabelMode::kAuto) classes = image_folder_classes(contents);
+  builder.set_classes(classes);
+
+  for (const auto& directory : contents.directories) {
+    builder.add_directory(directory.path, directory.mtime_ns, directory.mode);
+  }
+  for (const auto& file : contents.files) {
+    std::string file_metadata;
+    if (metadata) {
+      if (const auto it = metadata->by_path.find(file.path); it != metadata->by_path.end()) {
+        file_metadata = it->second;
+        ++local_stats.metadata_attached;
+      }
+    }
+    const uint32_t label =
+        labels == LabelMode::kAuto ? image_folder_label(file.path, classes) : catalog::kNoLabel;
+    builder.add_file(file.path, file.size, file.mtime_ns, file.mode, file.object_id, label,
+                     file.checksum, std::move(file_metadata));
+  }
+  if (metadata) {
+    local_stats.metadata_unknown_paths = metadata->by_path.size() - local_stats.metadata_attached;
+  }
+  if (stats) *stats = local_stats;
+  return std::move(builder).build();
+}
+
+}  // namespace dsfs::tools

@@ -1,0 +1,139 @@
+// `dsfs ingest`: options, signal handling and the summary around tools::run_ingest.
+#include "tools/ingest_command.h"
+
+#include <fmt/core.h>
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <memory>
+
+#include "src/catalog/keys.h"
+#include "tools/ingest.h"
+
+namespace dsfs::tools {
+namespace {
+
+std::atomic<bool> g_stop_signalled{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+extern "C" void on_stop_signal(int) {
+  g_stop_signalled.store(true);
+}
+
+// SIGINT/SIGTERM ask the ingest to stop cleanly while this lives. SA_RESETHAND: a second signal
+// kills the process at once, for a user who does not want to wait for the clean-up.
+class StopSignalGuard {
+ public:
+  StopSignalGuard() {
+    g_stop_signalled = false;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaction(SIGINT, &action, &previous_int_);
+    sigaction(SIGTERM, &action, &previous_term_);
+  }
+  ~StopSignalGuard() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
+
+ private:
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+struct IngestCommandState {
+  IngestOptions options;
+  std::string source;
+  std::string labels = "auto";
+  std::string metadata;
+  std::string checksum = "xxh64";
+  std::string progress = "auto";
+};
+
+ProgressStyle parse_progress_style(const std::string& text) {
+  if (text == "bar") return ProgressStyle::kBar;
+  if (text == "lines") return ProgressStyle::kLines;
+  if (text == "none") return ProgressStyle::kQuiet;
+  return ProgressStyle::kAuto;
+}
+
+}  // namespace
+
+void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
+  auto state = std::make_shared<IngestCommandState>();
+  CLI::App* sub = app.add_subcommand(
+      "ingest",
+      "Store a dataset in Redis and publish it atomically. SRC is a directory (ImageFolder\n"
+      "layout gives labels), a tar archive (.tar, .tar.gz, ... anything libarchive reads), or a\n"
+      "text file of http(s) URLs, one per line, optionally followed by the path to store it as.\n"
+      "Re-ingesting a name replaces it atomically; a failed or interrupted ingest publishes\n"
+      "nothing.");
+  sub->add_option("SRC", state->source, "Directory, archive, or file listing URLs")->required();
+  sub->add_option("--dataset,-d", state->options.dataset,
+                  "Dataset name: 1-128 of A-Z a-z 0-9 . _ -")
+      ->required();
+  sub->add_option("--labels", state->labels,
+                  "auto: classes are SRC's first-level directories, sorted (as torchvision's "
+                  "ImageFolder); none: no labels")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
+  sub->add_option("--metadata", state->metadata,
+                  "JSONL file: one object per line with a \"path\" member; its other members "
+                  "become that file's metadata");
+  sub->add_option("--jobs,-j", state->options.jobs,
+                  "Redis connections, reader threads and concurrent downloads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  sub->add_option("--chunk-size", state->options.chunk_size,
+                  "Files larger than this are stored in chunks of this size")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("4MiB");
+  sub->add_option("--checksum", state->checksum, "Checksum stored per file: xxh64 or none")
+      ->check(CLI::IsMember({"xxh64", "none"}))
+      ->capture_default_str();
+  sub->add_option("--keep-generations", state->options.keep_generations,
+                  "Previous generations kept for readers still using them")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  sub->add_option("--max-in-flight", state->options.max_bytes_in_flight,
+                  "Bound on file bytes read but not yet stored")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("256MiB");
+  sub->add_option("--progress", state->progress,
+                  "auto: a bar on a terminal, a line every 5 s otherwise; bar; lines; none")
+      ->check(CLI::IsMember({"auto", "bar", "lines", "none"}))
+      ->capture_default_str();
+  cli::add_global_options(*sub, global);
+
+  sub->callback([state, &global] {
+    cli::apply_log_level(global);
+    IngestOptions options = state->options;
+    options.source = state->source;
+    options.labels = parse_label_mode(state->labels);
+    if (!state->metadata.empty()) options.metadata_file = state->metadata;
+    options.checksum =
+        state->checksum == "none" ? catalog::ChecksumKind::kNone : catalog::ChecksumKind::kXxh64;
+    options.progress = parse_progress_style(state->progress);
+    // Fail on a bad name or option before starting any server.
+    validate_ingest_options(options);
+
+    const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
+    const catalog::KeySchema keys(global.ns);
+    StopSignalGuard signals;
+    options.stop = &g_stop_signalled;
+    try {
+      const IngestResult result = run_ingest(endpoint, keys, options);
+      fmt::print("{}\n", format_ingest_summary(options.dataset, result));
+    } catch (const IngestInterrupted& e) {
+      fmt::print(stderr, "dsfs: {}\n", e.what());
+      throw cli::ExitCode{130};
+    }
+  });
+}
+
+}  // namespace dsfs::tools

@@ -1,0 +1,97 @@
+#pragma once
+// Writes the pieces sources produce to Redis: several connections, each keeping a sliding window
+// of pipelined SETs, fed from a queue bounded in bytes so reading never runs far ahead of
+// writing. A broken connection is re-established and its unacknowledged SETs are sent again.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/catalog/keys.h"
+#include "src/store/connection.h"
+#include "tools/ingest_object.h"
+
+namespace dsfs::tools {
+
+class Progress;
+
+struct WriterOptions {
+  unsigned connections = 4;
+  size_t window_pieces = 32;                    // pipelined SETs outstanding per connection
+  uint64_t window_bytes = 16ull << 20;          // and their bytes
+  uint64_t max_bytes_in_flight = 256ull << 20;  // queued plus unacknowledged, all connections
+  // How long a connection may keep failing before the ingest gives up.
+  std::chrono::milliseconds reconnect_budget{15000};
+  store::ConnectOptions connect;
+  // Called (from writer threads) after each acknowledged piece with the total so far; tests use
+  // it to interrupt an ingest part-way.
+  std::function<void(uint64_t pieces_written)> on_piece_written;
+};
+
+class RedisPieceWriter final : public SourceSink {
+ public:
+  // Connects every connection up front (so an unreachable Redis fails here). `external_stop`
+  // (may be null) is polled: when it becomes true the writer stops like after an error.
+  RedisPieceWriter(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
+                   std::string dataset, uint64_t generation, WriterOptions options,
+                   const std::atomic<bool>* external_stop = nullptr, Progress* progress = nullptr);
+  ~RedisPieceWriter() override;
+  RedisPieceWriter(const RedisPieceWriter&) = delete;
+  RedisPieceWriter& operator=(const RedisPieceWriter&) = delete;
+
+  void put_piece(const PieceKey& key, std::string bytes) override;
+  bool stop_requested() const override;
+  void expect_totals(uint64_t files, uint64_t bytes) override;
+  void file_done(uint64_t bytes) override;
+  void input_position(uint64_t consumed, uint64_t total) override;
+
+  // Waits until every piece put so far is acknowledged by Redis. Throws the first write error,
+  // or StopRequested if the external stop was set.
+  void finish();
+  // Stops the writers and drops queued pieces (after a source error). Idempotent.
+  void abort();
+  // The first write error, if any.
+  std::exception_ptr error() const;
+  uint64_t pieces_written() const { return pieces_written_; }
+  uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  struct Piece {
+    std::string key;
+    std::string bytes;
+  };
+  void worker(store::Connection connection);
+  bool pop(Piece& piece, bool wait);
+  void release(uint64_t bytes);
+  void fail(std::exception_ptr error);
+  void join_workers();
+
+  store::RedisEndpoint endpoint_;
+  catalog::KeySchema keys_;
+  std::string dataset_;
+  uint64_t generation_;
+  WriterOptions options_;
+  const std::atomic<bool>* external_stop_;
+  Progress* progress_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable queue_ready_;  // a piece was queued, or closing/stopping
+  std::condition_variable space_ready_;  // bytes were released, or stopping
+  std::deque<Piece> queue_;
+  uint64_t bytes_in_flight_ = 0;
+  bool closing_ = false;
+  std::atomic<bool> stopping_{false};
+  std::exception_ptr error_;
+  std::atomic<uint64_t> pieces_written_{0};
+  std::atomic<uint64_t> bytes_written_{0};
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace dsfs::tools

@@ -1,0 +1,219 @@
+// A directory tree: walked once in sorted order (object ids follow it, so reading a directory
+// in order reads consecutive objects), then read by several threads.
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "src/catalog/names.h"
+#include "tools/sources.h"
+#include "tools/sources_internal.h"
+
+namespace dsfs::tools {
+namespace {
+
+constexpr size_t kReadBlockBytes = 1 << 20;
+
+std::runtime_error errno_error(std::string_view what, const std::string& path, int error) {
+  return std::runtime_error(fmt::format("{} '{}': {}", what, path, std::strerror(error)));
+}
+
+std::string_view file_type_name(mode_t mode) {
+  if (S_ISFIFO(mode)) return "fifo";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  return "special file";
+}
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+struct CloseDir {
+  void operator()(DIR* dir) const { ::closedir(dir); }
+};
+
+class DirectorySource final : public Source {
+ public:
+  DirectorySource(std::filesystem::path root, const SourceOptions& options)
+      : Source(SourceKind::kDirectory, std::filesystem::absolute(root).lexically_normal().string()),
+        root_(description()),
+        options_(options) {
+    // lexically_normal keeps a trailing '/' for "dir/"; the walk joins with '/' itself.
+    while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+  }
+
+  SourceContents read(SourceSink& sink) override {
+    SourceContents contents;
+    struct stat root_stat {};
+    if (::stat(root_.c_str(), &root_stat) != 0) {
+      throw errno_error("cannot read directory", root_, errno);
+    }
+    contents.directories.push_back(
+        DirectoryRecord{"", detail::mtime_ns_of(root_stat), root_stat.st_mode & 07777u});
+    walk("", contents, sink);
+
+    uint64_t total_bytes = 0;
+    for (const auto& file : contents.files) total_bytes += file.size;
+    sink.expect_totals(contents.files.size(), total_bytes);
+
+    std::atomic<size_t> next_file{0};
+    const unsigned threads = static_cast<unsigned>(
+        std::clamp<size_t>(options_.parallelism, 1, std::max<size_t>(contents.files.size(), 1)));
+    detail::run_workers(threads, [&](const std::atomic<bool>& stop) {
+      std::string block(kReadBlockBytes, '\0');
+      for (;;) {
+        if (stop) return;
+        sink.check_stop();
+        const size_t index = next_file++;
+        if (index >= contents.files.size()) return;
+        read_file(contents.files[index], block, sink);
+      }
+    });
+    return contents;
+  }
+
+ private:
+  std::string absolute(const std::string& relative) const {
+    return relative.empty() ? root_ : root_ + '/' + relative;
+  }
+
+  void walk(const std::string& relative_dir, SourceContents& contents, SourceSink& sink) {
+    sink.check_stop();
+    const std::string dir_path = absolute(relative_dir);
+    struct Child {
+      std::string name;
+      struct stat st;
+    };
+    std::vector<Child> children;
+    {
+      std::unique_ptr<DIR, CloseDir> dir(::opendir(dir_path.c_str()));
+      if (!dir) throw errno_error("cannot read directory", dir_path, errno);
+      for (;;) {
+        errno = 0;
+        const dirent* entry = ::readdir(dir.get());
+        if (!entry) {
+          if (errno != 0) throw errno_error("cannot read directory", dir_path, errno);
+          break;
+        }
+        const std::string_view name = entry->d_name;
+        if (name == "." || name == "..") continue;
+        Child child{std::string(name), {}};
+        if (::fstatat(::dirfd(dir.get()), entry->d_name, &child.st, AT_SYMLINK_NOFOLLOW) != 0) {
+          throw errno_error("cannot stat", dir_path + '/' + child.name, errno);
+        }
+        children.push_back(std::move(child));
+      }
+    }
+    // Bytewise order, as std::string compares; it is also the catalogue's child order.
+    std::sort(children.begin(), children.end(),
+              [](const Child& a, const Child& b) { return a.name < b.name; });
+
+    for (auto& child : children) {
+      const std::string relative =
+          relative_dir.empty() ? child.name : relative_dir + '/' + child.name;
+      const std::string path = absolute(relative);
+      if (!catalog::is_valid_path_component(child.name)) {
+        throw std::runtime_error(fmt::format(
+            "cannot ingest '{}': its name is not a valid path component (1-255 bytes)", path));
+      }
+      struct stat st = child.st;
+      if (S_ISLNK(st.st_mode)) {
+        if (::stat(path.c_str(), &st) != 0) {
+          spdlog::warn("skipping '{}': dangling symlink ({})", path, std::strerror(errno));
+          ++contents.skipped;
+          continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+          spdlog::warn("skipping '{}': symlink to a directory (not followed)", path);
+          ++contents.skipped;
+          continue;
+        }
+        if (!S_ISREG(st.st_mode)) {
+          spdlog::warn("skipping '{}': symlink to a {}", path, file_type_name(st.st_mode));
+          ++contents.skipped;
+          continue;
+        }
+      }
+      if (S_ISDIR(st.st_mode)) {
+        contents.directories.push_back(
+            DirectoryRecord{relative, detail::mtime_ns_of(st), st.st_mode & 07777u});
+        walk(relative, contents, sink);
+      } else if (S_ISREG(st.st_mode)) {
+        FileRecord file;
+        file.path = relative;
+        file.object_id = contents.files.size();
+        file.size = static_cast<uint64_t>(st.st_size);
+        file.mtime_ns = detail::mtime_ns_of(st);
+        file.mode = st.st_mode & 07777u;
+        contents.files.push_back(std::move(file));
+      } else {
+        spdlog::warn("skipping '{}': {}", path, file_type_name(st.st_mode));
+        ++contents.skipped;
+      }
+    }
+  }
+
+  void read_file(FileRecord& file, std::string& block, SourceSink& sink) const {
+    const std::string path = absolute(file.path);
+    // O_NONBLOCK: if the file was swapped for a fifo since the walk, open must not hang.
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (fd.get() < 0) throw errno_error("cannot read", path, errno);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw errno_error("cannot stat", path, errno);
+    if (!S_ISREG(st.st_mode)) {
+      throw std::runtime_error(
+          fmt::format("'{}' stopped being a regular file while ingesting", path));
+    }
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    ObjectStream stream(sink, file.object_id, options_.chunk_size, options_.checksum, file.size);
+    for (;;) {
+      const ssize_t got = ::read(fd.get(), block.data(), block.size());
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        throw errno_error("cannot read", path, errno);
+      }
+      if (got == 0) break;
+      stream.append(std::string_view(block.data(), static_cast<size_t>(got)));
+    }
+    const FileDigest digest = stream.finish();
+    if (digest.size != file.size) {
+      throw std::runtime_error(fmt::format(
+          "'{}' changed while being ingested (size {} at the walk, {} bytes read); ingest again "
+          "once it is stable",
+          path, file.size, digest.size));
+    }
+    file.checksum = digest.checksum;
+    sink.file_done(digest.size);
+  }
+
+  std::string root_;
+  SourceOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Source> make_directory_source(const std::filesystem::path& root,
+                                              const SourceOptions& options) {
+  return std::make_unique<DirectorySource>(root, options);
+}
+
+}  // namespace dsfs::tools
