@@ -283,8 +283,9 @@ ImageShape synth_image_shape(std::uint64_t seed, int class_index, std::uint64_t 
   }
   // Most ImageNet photos have a 500-pixel long side; the rest spread between ~270 and 800.
   const int long_side = rng.chance(0.65) ? 500 : rng.integer(270, 800);
-  const int short_side =
-      static_cast<int>(std::lround(long_side * aspect.short_over_long * rng.uniform(0.97, 1.03)));
+  // Many photos are cropped a little off the exact ratio (500x333, 500x366, ...).
+  const double crop = rng.chance(0.4) ? rng.uniform(0.94, 1.0) : 1.0;
+  const int short_side = static_cast<int>(std::lround(long_side * aspect.short_over_long * crop));
   ImageShape shape;
   shape.width = std::clamp(aspect.portrait ? short_side : long_side, 200, 800);
   shape.height = std::clamp(aspect.portrait ? long_side : short_side, 120, 800);
@@ -328,7 +329,7 @@ Pixels synth_image_pixels(std::uint64_t seed, int class_index, std::uint64_t ima
   const ValueNoise fine(rng, width, height, rng.integer(2, 4));
   const double coarse_amplitude = rng.uniform(10, 35);
   const double fine_amplitude = rng.uniform(15, 50);
-  const double grain = rng.uniform(11, 28);
+  const double grain = rng.uniform(12, 29);
 
   Pixels pixels;
   pixels.shape = shape;
