@@ -13,6 +13,7 @@
 #include "src/catalog/names.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
+#include "src/store/pool.h"
 #include "tools/ingest_writer.h"
 #include "tools/sources.h"
 
@@ -21,6 +22,7 @@ namespace {
 
 constexpr unsigned kMaxJobs = 64;
 constexpr size_t kScanBatch = 1000;
+constexpr std::chrono::milliseconds kPublishRetryBudget{15000};
 
 // SCAN MATCH `pattern` and UNLINK what it finds, one batch at a time so Redis is never blocked
 // for long. Returns keys deleted.
@@ -122,13 +124,19 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
   source_options.checksum = options.checksum;
   const auto source = open_source(options.source, source_options);
 
-  store::Connection control(endpoint);
+  // The control connection idles while objects are written; if Redis dropped it meanwhile (a
+  // restart, a timeout), publish and collection reconnect instead of failing the ingest.
+  std::optional<store::Connection> control_connection;
+  auto control = [&]() -> store::Connection& {
+    if (!control_connection || control_connection->broken()) control_connection.emplace(endpoint);
+    return *control_connection;
+  };
   std::optional<uint64_t> previous_generation;
   try {
-    previous_generation = catalog::read_info(control, keys, name).generation;
+    previous_generation = catalog::read_info(control(), keys, name).generation;
   } catch (const catalog::DatasetNotFound&) {
   }
-  const uint64_t generation = catalog::begin_generation(control, keys, name);
+  const uint64_t generation = catalog::begin_generation(control(), keys, name);
   spdlog::debug("ingesting {} '{}' into '{}' generation {}", to_string(source->kind()),
                 source->description(), name, generation);
 
@@ -175,7 +183,10 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
     info.created_unix = static_cast<int64_t>(std::time(nullptr));
     info.source = source->description();
     info.chunk_size = options.chunk_size;
-    catalog::publish(control, keys, info, catalog);
+    // Publishing again after a broken connection is safe: the manifest SETs are idempotent and
+    // the flip of the same generation is a no-op.
+    store::with_retry(kPublishRetryBudget,
+                      [&] { catalog::publish(control(), keys, info, catalog); });
 
     result.files = info.file_count;
     result.directories = info.dir_count;
@@ -196,8 +207,9 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
   progress.stop();
 
   try {
-    result.garbage_keys_deleted =
-        catalog::collect_garbage(control, keys, name, options.keep_generations);
+    result.garbage_keys_deleted = store::with_retry(kPublishRetryBudget, [&] {
+      return catalog::collect_garbage(control(), keys, name, options.keep_generations);
+    });
   } catch (const std::exception& e) {
     spdlog::warn(
         "published '{}' generation {}, but removing old generations failed ({}); the "
@@ -212,7 +224,7 @@ std::string format_ingest_summary(const std::string& dataset, const IngestResult
   const double megabytes = static_cast<double>(result.bytes) / 1e6;
   const double rate = result.seconds > 0 ? megabytes / result.seconds : 0;
   std::string summary = fmt::format(
-      "ingested '{}': {} files, {:.1f} MB in {:.1f} s ({:.1f} MB/s), generation {}", dataset,
+      "ingested '{}': {} files, {:.1f} MB in {:.2f} s ({:.1f} MB/s), generation {}", dataset,
       format_count(result.files), megabytes, result.seconds, rate, result.generation);
   if (result.classes > 0) summary += fmt::format(", {} classes", format_count(result.classes));
   if (result.skipped > 0) summary += fmt::format(", {} skipped", format_count(result.skipped));

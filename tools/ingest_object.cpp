@@ -52,7 +52,7 @@ void ObjectStream::append(std::string_view data) {
   while (!data.empty()) {
     // A full buffer is only known to be a chunk (not the whole object) once more data arrives.
     if (buffer_.size() == chunk_size_) {
-      sink_.put_piece(PieceKey{object_id_, true, chunks_put_}, std::exchange(buffer_, {}));
+      sink_.put_piece(PieceKey{object_id_, true, chunks_put_}, std::exchange(buffer_, {}), false);
       ++chunks_put_;
       const uint64_t consumed = chunks_put_ * chunk_size_;
       buffer_.reserve(size_hint_ > consumed ? std::min(chunk_size_, size_hint_ - consumed) : 0);
@@ -68,9 +68,9 @@ FileDigest ObjectStream::finish() {
   digest.size = size_;
   digest.checksum = hash_ ? XXH64_digest(hash_->state.get()) : 0;
   if (chunks_put_ == 0) {
-    sink_.put_piece(PieceKey{object_id_, false, 0}, std::move(buffer_));
+    sink_.put_piece(PieceKey{object_id_, false, 0}, std::move(buffer_), true);
   } else {
-    sink_.put_piece(PieceKey{object_id_, true, chunks_put_}, std::move(buffer_));
+    sink_.put_piece(PieceKey{object_id_, true, chunks_put_}, std::move(buffer_), true);
     ++chunks_put_;
   }
   buffer_ = std::string();

@@ -31,15 +31,15 @@ class StopRequested : public std::runtime_error {
 class SourceSink {
  public:
   virtual ~SourceSink() = default;
-  // Takes one piece; may block while too many bytes are in flight. Throws StopRequested.
-  virtual void put_piece(const PieceKey& key, std::string bytes) = 0;
+  // Takes one piece; `completes_object` marks an object's last piece (its file is then done
+  // once stored). May block while too many bytes are in flight. Throws StopRequested.
+  virtual void put_piece(const PieceKey& key, std::string bytes, bool completes_object) = 0;
   virtual bool stop_requested() const = 0;
   void check_stop() const {
     if (stop_requested()) throw StopRequested();
   }
   // Progress hooks; a total of 0 means unknown.
   virtual void expect_totals(uint64_t /*files*/, uint64_t /*bytes*/) {}
-  virtual void file_done(uint64_t /*bytes*/) {}
   // How far through its input a streaming source is (an archive's compressed bytes), for an ETA
   // when the totals are unknown.
   virtual void input_position(uint64_t /*consumed*/, uint64_t /*total*/) {}

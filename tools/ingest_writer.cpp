@@ -71,7 +71,7 @@ bool RedisPieceWriter::stop_requested() const {
   return stopping_ || (external_stop_ && external_stop_->load());
 }
 
-void RedisPieceWriter::put_piece(const PieceKey& key, std::string bytes) {
+void RedisPieceWriter::put_piece(const PieceKey& key, std::string bytes, bool completes_object) {
   const uint64_t size = bytes.size();
   std::string redis_key =
       key.chunked ? keys_.object_chunk(dataset_, generation_, key.object_id, key.chunk_index)
@@ -84,7 +84,7 @@ void RedisPieceWriter::put_piece(const PieceKey& key, std::string bytes) {
   }
   if (stop_requested()) throw StopRequested();
   bytes_in_flight_ += size;
-  queue_.push_back(Piece{std::move(redis_key), std::move(bytes)});
+  queue_.push_back(Piece{std::move(redis_key), std::move(bytes), completes_object});
   lock.unlock();
   queue_ready_.notify_one();
 }
@@ -189,6 +189,8 @@ void RedisPieceWriter::worker(store::Connection connection) {
         outstanding_bytes -= done.bytes.size();
         release(done.bytes.size());
         bytes_written_ += done.bytes.size();
+        // Progress counts what Redis holds, not what was read ahead of it.
+        if (progress_) progress_->add(done.completes_object ? 1 : 0, done.bytes.size());
         const uint64_t pieces = ++pieces_written_;
         if (options_.on_piece_written) options_.on_piece_written(pieces);
       } catch (const store::ConnectionError& e) {
@@ -248,10 +250,6 @@ std::exception_ptr RedisPieceWriter::error() const {
 
 void RedisPieceWriter::expect_totals(uint64_t files, uint64_t bytes) {
   if (progress_) progress_->set_totals(files, bytes);
-}
-
-void RedisPieceWriter::file_done(uint64_t bytes) {
-  if (progress_) progress_->add(1, bytes);
 }
 
 void RedisPieceWriter::input_position(uint64_t consumed, uint64_t total) {

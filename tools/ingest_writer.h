@@ -46,10 +46,9 @@ class RedisPieceWriter final : public SourceSink {
   RedisPieceWriter(const RedisPieceWriter&) = delete;
   RedisPieceWriter& operator=(const RedisPieceWriter&) = delete;
 
-  void put_piece(const PieceKey& key, std::string bytes) override;
+  void put_piece(const PieceKey& key, std::string bytes, bool completes_object) override;
   bool stop_requested() const override;
   void expect_totals(uint64_t files, uint64_t bytes) override;
-  void file_done(uint64_t bytes) override;
   void input_position(uint64_t consumed, uint64_t total) override;
 
   // Waits until every piece put so far is acknowledged by Redis. Throws the first write error,
@@ -66,6 +65,7 @@ class RedisPieceWriter final : public SourceSink {
   struct Piece {
     std::string key;
     std::string bytes;
+    bool completes_object = false;
   };
   void worker(store::Connection connection);
   bool pop(Piece& piece, bool wait);

@@ -109,7 +109,6 @@ class ArchiveSource final : public Source {
         const FileDigest digest = read_member(reader.get(), entry, path, record.object_id, sink);
         record.size = digest.size;
         record.checksum = digest.checksum;
-        sink.file_done(digest.size);
       } else {
         spdlog::warn("skipping '{}' in archive '{}': {}", path, description(),
                      type == AE_IFLNK ? "symlink" : "special file");

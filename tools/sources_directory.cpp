@@ -202,7 +202,6 @@ class DirectorySource final : public Source {
           path, file.size, digest.size));
     }
     file.checksum = digest.checksum;
-    sink.file_done(digest.size);
   }
 
   std::string root_;

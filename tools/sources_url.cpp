@@ -158,7 +158,6 @@ class UrlListSource final : public Source {
                                         : static_cast<int64_t>(std::time(nullptr))) *
                         1'000'000'000;
         file.mode = 0644;
-        sink.file_done(digest.size);
         return;
       }
       const std::string reason = code == CURLE_HTTP_RETURNED_ERROR

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -72,17 +73,15 @@ uint64_t xxh64(std::string_view bytes) {
 class MemorySink : public SourceSink {
  public:
   using Key = std::tuple<uint64_t, bool, uint64_t>;
-  void put_piece(const PieceKey& key, std::string bytes) override {
+  void put_piece(const PieceKey& key, std::string bytes, bool completes_object) override {
     std::lock_guard lock(mutex_);
     pieces_[Key{key.object_id, key.chunked, key.chunk_index}] = std::move(bytes);
-    ++puts_;
+    if (completes_object) {
+      ++objects_completed_;
+      EXPECT_TRUE(completed_ids_.insert(key.object_id).second) << "object completed twice";
+    }
   }
   bool stop_requested() const override { return stop_; }
-  void file_done(uint64_t bytes) override {
-    std::lock_guard lock(mutex_);
-    ++files_done_;
-    bytes_done_ += bytes;
-  }
 
   // The object's bytes reassembled from its pieces, checking they are exactly one plain piece
   // or chunks 0..n-1.
@@ -110,9 +109,8 @@ class MemorySink : public SourceSink {
   }
 
   std::atomic<bool> stop_{false};
-  uint64_t files_done_ = 0;
-  uint64_t bytes_done_ = 0;
-  uint64_t puts_ = 0;
+  uint64_t objects_completed_ = 0;
+  std::set<uint64_t> completed_ids_;
 
  private:
   mutable std::mutex mutex_;
@@ -166,6 +164,7 @@ TEST_P(ObjectStreamSplit, SplitsIntoPlainObjectOrChunksAndChecksumsTheWhole) {
     }
   }
   EXPECT_EQ(sink.object(42), content);
+  EXPECT_EQ(sink.objects_completed_, 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -464,7 +463,7 @@ TEST(DirectorySource, WalksSortedSkipsSpecialFilesAndReadsEveryFile) {
     EXPECT_EQ(contents.files[i].checksum, xxh64(expected));
   }
   EXPECT_EQ(contents.skipped, 3u);  // fifo, symlinked directory, dangling symlink
-  EXPECT_EQ(sink.files_done_, 6u);
+  EXPECT_EQ(sink.objects_completed_, 6u);
 
   const FileRecord* x = find_file(contents, "b_class/x.jpg");
   ASSERT_NE(x, nullptr);

@@ -1,0 +1,554 @@
+// run_ingest against a real redis-server (on a unix socket in a temp dir) and, for URL lists, a
+// real local HTTP server: what is published, read back raw, and what failures leave behind.
+#include <archive.h>
+#include <archive_entry.h>
+#include <fmt/core.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "src/catalog/dataset.h"
+#include "src/store/connection.h"
+#include "src/store/errors.h"
+#include "tools/ingest.h"
+
+extern char** environ;
+
+namespace dsfs::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "dsfs-ingest-redis-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const fs::path& path, std::string_view content) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out.write(content.data(), static_cast<std::streamsize>(content.size()));
+}
+
+std::string pattern_bytes(size_t size, unsigned seed) {
+  std::string bytes(size, '\0');
+  uint32_t state = seed * 2654435761u + 1;
+  for (auto& byte : bytes) {
+    state = state * 1664525u + 1013904223u;
+    byte = static_cast<char>(state >> 24);
+  }
+  return bytes;
+}
+
+// A child process that is always terminated and reaped.
+class ChildProcess {
+ public:
+  explicit ChildProcess(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (::posix_spawnp(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      throw std::runtime_error("cannot run " + args[0]);
+    }
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+  bool exited() {
+    int status = 0;
+    return ::waitpid(pid_, &status, WNOHANG) == pid_;
+  }
+
+ private:
+  pid_t pid_ = 0;
+};
+
+// A throwaway redis-server listening only on a unix socket in its own directory.
+class RedisServer {
+ public:
+  explicit RedisServer(const fs::path& dir, std::vector<std::string> extra_args = {})
+      : socket_(dir / "redis.sock") {
+    std::vector<std::string> args = {"redis-server",
+                                     "--port",
+                                     "0",
+                                     "--unixsocket",
+                                     socket_.string(),
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir.string(),
+                                     "--logfile",
+                                     (dir / "redis.log").string()};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    process_ = std::make_unique<ChildProcess>(std::move(args));
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      try {
+        store::Connection probe(endpoint());
+        if (probe.command({"PING"}).str() == "PONG") return;
+      } catch (const store::ConnectionError&) {
+      }
+      if (process_->exited()) throw std::runtime_error("redis-server exited at start");
+      std::this_thread::sleep_for(50ms);
+    }
+    throw std::runtime_error("redis-server did not start");
+  }
+  store::RedisEndpoint endpoint() const {
+    store::RedisEndpoint endpoint;
+    endpoint.transport = store::RedisEndpoint::Transport::kUnix;
+    endpoint.socket_path = socket_.string();
+    return endpoint;
+  }
+
+ private:
+  fs::path socket_;
+  std::unique_ptr<ChildProcess> process_;
+};
+
+// A local HTTP server (Python's http.server) over `root`, on a port it picks itself. Paths
+// containing "flaky" answer 503 twice before succeeding, to exercise retries.
+class HttpServer {
+ public:
+  explicit HttpServer(const fs::path& root, const fs::path& work) {
+    const fs::path port_file = work / "http.port";
+    const std::string script = R"(
+import http.server, os, sys
+root, port_file = sys.argv[1], sys.argv[2]
+failures = {}
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, directory=root, **kwargs)
+    def log_message(self, *args):
+        pass
+    def do_GET(self):
+        if 'flaky' in self.path and failures.get(self.path, 0) < 2:
+            failures[self.path] = failures.get(self.path, 0) + 1
+            self.send_error(503)
+            return
+        super().do_GET()
+server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+with open(port_file + '.tmp', 'w') as f:
+    f.write(str(server.server_address[1]))
+os.rename(port_file + '.tmp', port_file)
+server.serve_forever()
+)";
+    process_ = std::make_unique<ChildProcess>(
+        std::vector<std::string>{"python3", "-c", script, root.string(), port_file.string()});
+    for (int attempt = 0; attempt < 200 && !fs::exists(port_file); ++attempt) {
+      if (process_->exited()) throw std::runtime_error("the HTTP server exited at start");
+      std::this_thread::sleep_for(50ms);
+    }
+    port_ = std::stoi(read_text(port_file));
+  }
+  std::string url(std::string_view path) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/" + std::string(path);
+  }
+
+ private:
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+};
+
+class IngestRedisTest : public ::testing::Test {
+ protected:
+  IngestRedisTest() : redis_(tmp_.path()), keys_("dsfs") {}
+
+  store::Connection connect() { return store::Connection(redis_.endpoint()); }
+
+  IngestOptions options_for(const fs::path& source, const std::string& dataset) {
+    IngestOptions options;
+    options.source = source;
+    options.dataset = dataset;
+    options.progress = ProgressStyle::kQuiet;
+    return options;
+  }
+
+  IngestResult ingest(const IngestOptions& options) {
+    return run_ingest(redis_.endpoint(), keys_, options);
+  }
+
+  // The bytes of a file as stored: its plain object or its chunks, per the catalogue.
+  std::string stored_bytes(store::Connection& conn, const catalog::Catalog& catalog,
+                           const std::string& dataset, uint64_t generation, uint32_t index) {
+    const auto& entry = catalog.entry(index);
+    const uint64_t chunks = catalog.chunk_count(index);
+    if (chunks == 1) {
+      const store::Reply reply =
+          conn.command({"GET", keys_.object(dataset, generation, entry.object_id)});
+      EXPECT_TRUE(reply.is_string()) << catalog.path(index);
+      return std::string(reply.str());
+    }
+    EXPECT_EQ(
+        conn.command({"EXISTS", keys_.object(dataset, generation, entry.object_id)}).integer(), 0)
+        << "a chunked file also has a plain object key";
+    std::string bytes;
+    for (uint64_t k = 0; k < chunks; ++k) {
+      const store::Reply reply =
+          conn.command({"GET", keys_.object_chunk(dataset, generation, entry.object_id, k)});
+      EXPECT_TRUE(reply.is_string()) << catalog.path(index) << " chunk " << k;
+      bytes += reply.str();
+    }
+    return bytes;
+  }
+
+  uint64_t count_keys(store::Connection& conn, const std::string& pattern) {
+    uint64_t count = 0;
+    std::string cursor = "0";
+    do {
+      const store::Reply reply = conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+      cursor = std::string(store::Reply::element_str(reply.element(0)));
+      count += reply.element(1)->elements;
+    } while (cursor != "0");
+    return count;
+  }
+
+  // Every file of the published dataset has exactly the bytes of `source_root/path`.
+  void expect_matches_tree(const std::string& dataset, const fs::path& source_root,
+                           size_t expected_files) {
+    store::Connection conn = connect();
+    const catalog::DatasetInfo info = catalog::read_info(conn, keys_, dataset);
+    const auto catalog = catalog::load_catalog(conn, keys_, info);
+    EXPECT_EQ(catalog->file_count(), expected_files);
+    for (uint32_t i = 0; i < catalog->entry_count(); ++i) {
+      if (catalog->entry(i).is_dir) continue;
+      const std::string path = catalog->path(i);
+      const std::string expected = read_text(source_root / path);
+      const std::string stored = stored_bytes(conn, *catalog, dataset, info.generation, i);
+      EXPECT_EQ(stored.size(), expected.size()) << path;
+      EXPECT_TRUE(stored == expected) << path << " differs";
+      EXPECT_EQ(catalog->entry(i).size, expected.size()) << path;
+      EXPECT_EQ(catalog->entry(i).checksum, XXH64(expected.data(), expected.size(), 0)) << path;
+    }
+  }
+
+  TempDir tmp_;
+  RedisServer redis_;
+  catalog::KeySchema keys_;
+};
+
+TEST_F(IngestRedisTest, DirectoryRoundTripWithLabelsChunksMetadataAndSkippedFifo) {
+  const fs::path src = tmp_.path() / "src";
+  write_file(src / "cat" / "a.jpg", pattern_bytes(3000, 1));
+  write_file(src / "cat" / "nested" / "deeper" / "b.jpg", pattern_bytes(100, 2));
+  write_file(src / "dog" / "empty.jpg", "");
+  write_file(src / "dog" / "big.bin", pattern_bytes(10'000, 3));  // over the 4 KiB chunk size
+  write_file(src / "dog" / "with space ünïcødé.jpg", "awkward name");
+  write_file(src / "top.txt", "no label here");
+  fs::create_directories(src / "empty_class");
+  ASSERT_EQ(::mkfifo((src / "dog" / "pipe").c_str(), 0644), 0);
+  write_file(tmp_.path() / "meta.jsonl",
+             "{\"path\": \"cat/a.jpg\", \"caption\": \"a cat\"}\n"
+             "{\"path\": \"not/in/dataset.jpg\", \"x\": 1}\n");
+
+  IngestOptions options = options_for(src, "pets");
+  options.chunk_size = 4096;
+  options.jobs = 3;
+  options.metadata_file = tmp_.path() / "meta.jsonl";
+  const IngestResult result = ingest(options);
+  EXPECT_EQ(result.files, 6u);
+  EXPECT_EQ(result.skipped, 1u);
+  EXPECT_EQ(result.classes, 3u);
+
+  store::Connection conn = connect();
+  EXPECT_THAT(catalog::list_datasets(conn, keys_), ::testing::Contains("pets"));
+  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "pets");
+  EXPECT_EQ(info.generation, result.generation);
+  EXPECT_EQ(info.file_count, 6u);
+  EXPECT_EQ(info.total_bytes, 3000u + 100 + 0 + 10'000 + 12 + 13);
+  EXPECT_EQ(info.class_count, 3u);
+  EXPECT_EQ(info.chunk_size, 4096u);
+  EXPECT_EQ(info.source, fs::absolute(src).lexically_normal().string());
+  expect_matches_tree("pets", src, 6);
+
+  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  EXPECT_THAT(catalog->classes(), ::testing::ElementsAre("cat", "dog", "empty_class"));
+  EXPECT_EQ(catalog->entry(*catalog->find("cat/nested/deeper/b.jpg")).label, 0u);
+  EXPECT_EQ(catalog->entry(*catalog->find("dog/with space ünïcødé.jpg")).label, 1u);
+  EXPECT_EQ(catalog->entry(*catalog->find("top.txt")).label, catalog::kNoLabel);
+  EXPECT_EQ(catalog->chunk_count(*catalog->find("dog/big.bin")), 3u);
+  EXPECT_TRUE(catalog->find("empty_class").has_value());
+  EXPECT_FALSE(catalog->find("dog/pipe").has_value());
+  EXPECT_EQ(nlohmann::json::parse(catalog->metadata(*catalog->find("cat/a.jpg"))),
+            nlohmann::json::parse(R"({"caption": "a cat"})"));
+  EXPECT_TRUE(catalog->metadata(*catalog->find("dog/big.bin")).empty());
+  // Objects: 5 plain + 3 chunks, nothing else under this generation.
+  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("pets", info.generation)), 8u);
+}
+
+TEST_F(IngestRedisTest, ReingestReplacesAtomicallyAndCollectsOldGenerations) {
+  const fs::path src = tmp_.path() / "src";
+  write_file(src / "a" / "1.bin", "version one");
+  const IngestResult first = ingest(options_for(src, "ds"));
+
+  write_file(src / "a" / "1.bin", "version two, longer");
+  write_file(src / "b" / "2.bin", "new file");
+  IngestOptions second_options = options_for(src, "ds");
+  second_options.keep_generations = 1;
+  const IngestResult second = ingest(second_options);
+  EXPECT_GT(second.generation, first.generation);
+  expect_matches_tree("ds", src, 2);
+
+  store::Connection conn = connect();
+  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "ds");
+  EXPECT_EQ(info.generation, second.generation);
+  EXPECT_EQ(info.previous_generation, first.generation);
+  // keep 1: the first generation stays for readers that still hold it.
+  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", first.generation)), 1u);
+
+  IngestOptions third_options = options_for(src, "ds");
+  third_options.keep_generations = 0;
+  const IngestResult third = ingest(third_options);
+  EXPECT_GT(third.garbage_keys_deleted, 0u);
+  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", first.generation)), 0u);
+  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", second.generation)), 0u);
+  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", third.generation)), 2u);
+  expect_matches_tree("ds", src, 2);
+}
+
+TEST_F(IngestRedisTest, TarSource) {
+  const fs::path tar = tmp_.path() / "data.tar";
+  const std::string big = pattern_bytes(9000, 5);
+  {
+    std::unique_ptr<archive, decltype(&archive_write_free)> writer(archive_write_new(),
+                                                                   &archive_write_free);
+    archive_write_set_format_pax(writer.get());
+    ASSERT_EQ(archive_write_open_filename(writer.get(), tar.c_str()), ARCHIVE_OK);
+    const std::vector<std::pair<std::string, std::string>> members = {
+        {"n01/x.JPEG", "jpeg bytes"}, {"n01/big.bin", big}, {"n02/y.JPEG", ""}};
+    for (const auto& [path, content] : members) {
+      std::unique_ptr<archive_entry, decltype(&archive_entry_free)> entry(archive_entry_new(),
+                                                                          &archive_entry_free);
+      archive_entry_set_pathname(entry.get(), path.c_str());
+      archive_entry_set_filetype(entry.get(), AE_IFREG);
+      archive_entry_set_perm(entry.get(), 0644);
+      archive_entry_set_size(entry.get(), static_cast<la_int64_t>(content.size()));
+      ASSERT_EQ(archive_write_header(writer.get(), entry.get()), ARCHIVE_OK);
+      if (!content.empty()) archive_write_data(writer.get(), content.data(), content.size());
+    }
+    ASSERT_EQ(archive_write_close(writer.get()), ARCHIVE_OK);
+  }
+  IngestOptions options = options_for(tar, "tarred");
+  options.chunk_size = 4096;
+  const IngestResult result = ingest(options);
+  EXPECT_EQ(result.files, 3u);
+  EXPECT_EQ(result.classes, 2u);
+
+  store::Connection conn = connect();
+  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "tarred");
+  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  const uint32_t big_index = *catalog->find("n01/big.bin");
+  EXPECT_EQ(catalog->chunk_count(big_index), 3u);
+  EXPECT_EQ(stored_bytes(conn, *catalog, "tarred", info.generation, big_index), big);
+  EXPECT_EQ(catalog->entry(big_index).checksum, XXH64(big.data(), big.size(), 0));
+  EXPECT_EQ(stored_bytes(conn, *catalog, "tarred", info.generation, *catalog->find("n01/x.JPEG")),
+            "jpeg bytes");
+  EXPECT_EQ(catalog->entry(*catalog->find("n02/y.JPEG")).label, 1u);
+}
+
+TEST_F(IngestRedisTest, UrlListWithRetriesAndPathColumn) {
+  const fs::path served = tmp_.path() / "www";
+  write_file(served / "cls a" / "one.jpg", pattern_bytes(2000, 6));
+  write_file(served / "cls b" / "flaky.jpg", pattern_bytes(5000, 7));
+  write_file(served / "misc" / "renamed.bin", "stored under another path");
+  HttpServer http(served, tmp_.path());
+  const fs::path list = tmp_.path() / "urls.txt";
+  write_file(list, "# training images\n" + http.url("cls%20a/one.jpg") + "\n" +
+                       http.url("cls%20b/flaky.jpg") + "\n\n" + http.url("misc/renamed.bin") +
+                       "   cls a/two.bin\n");
+
+  IngestOptions options = options_for(list, "web");
+  options.chunk_size = 4096;
+  const IngestResult result = ingest(options);
+  EXPECT_EQ(result.files, 3u);
+  EXPECT_EQ(result.classes, 2u);
+
+  store::Connection conn = connect();
+  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "web");
+  EXPECT_EQ(info.source, fs::absolute(list).string());
+  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  EXPECT_THAT(catalog->classes(), ::testing::ElementsAre("cls a", "cls b"));
+  auto stored = [&](const std::string& path) {
+    const auto index = catalog->find(path);
+    EXPECT_TRUE(index.has_value()) << path;
+    return index ? stored_bytes(conn, *catalog, "web", info.generation, *index) : std::string();
+  };
+  EXPECT_EQ(stored("cls a/one.jpg"), read_text(served / "cls a" / "one.jpg"));
+  EXPECT_EQ(stored("cls b/flaky.jpg"), read_text(served / "cls b" / "flaky.jpg"));
+  EXPECT_EQ(stored("cls a/two.bin"), "stored under another path");
+  EXPECT_EQ(catalog->entry(*catalog->find("cls b/flaky.jpg")).label, 1u);
+}
+
+TEST_F(IngestRedisTest, UrlList404FailsNamingTheUrlAndPublishesNothing) {
+  const fs::path served = tmp_.path() / "www";
+  write_file(served / "a" / "ok.jpg", pattern_bytes(3000, 8));
+  HttpServer http(served, tmp_.path());
+  const fs::path list = tmp_.path() / "urls.txt";
+  write_file(list, http.url("a/ok.jpg") + "\n" + http.url("a/missing.jpg") + "\n");
+
+  try {
+    ingest(options_for(list, "broken"));
+    FAIL() << "an ingest with a 404 succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a/missing.jpg"));
+    EXPECT_THAT(e.what(), HasSubstr("404"));
+    EXPECT_THAT(e.what(), HasSubstr("nothing was published"));
+  }
+  store::Connection conn = connect();
+  EXPECT_THAT(catalog::list_datasets(conn, keys_), Not(::testing::Contains("broken")));
+  EXPECT_THROW(catalog::read_info(conn, keys_, "broken"), catalog::DatasetNotFound);
+  EXPECT_EQ(count_keys(conn, keys_.dataset_objects_pattern("broken")), 0u);
+}
+
+TEST_F(IngestRedisTest, InterruptedIngestLeavesThePreviousGenerationIntact) {
+  const fs::path src = tmp_.path() / "src";
+  for (int i = 0; i < 20; ++i) {
+    write_file(src / "c" / ("f" + std::to_string(i)), pattern_bytes(1000, i));
+  }
+  const IngestResult first = ingest(options_for(src, "stable"));
+
+  // Change the source, then stop the second ingest part-way, as SIGINT would.
+  for (int i = 0; i < 20; ++i) {
+    write_file(src / "c" / ("f" + std::to_string(i)), pattern_bytes(1500, 100 + i));
+  }
+  std::atomic<bool> stop{false};
+  IngestOptions options = options_for(src, "stable");
+  options.jobs = 1;
+  options.stop = &stop;
+  options.on_piece_written = [&](uint64_t pieces) {
+    if (pieces == 5) stop = true;
+  };
+  uint64_t interrupted_generation = 0;
+  {
+    store::Connection conn = connect();
+    interrupted_generation = catalog::read_info(conn, keys_, "stable").generation + 1;
+  }
+  try {
+    ingest(options);
+    FAIL() << "the interrupted ingest published";
+  } catch (const IngestInterrupted& e) {
+    EXPECT_THAT(e.what(), HasSubstr("nothing was published"));
+    EXPECT_THAT(e.what(),
+                HasSubstr(fmt::format("generation {} is still current", first.generation)));
+  }
+
+  store::Connection conn = connect();
+  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "stable");
+  EXPECT_EQ(info.generation, first.generation);
+  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  for (int i = 0; i < 20; ++i) {
+    const std::string path = "c/f" + std::to_string(i);
+    EXPECT_EQ(stored_bytes(conn, *catalog, "stable", info.generation, *catalog->find(path)),
+              pattern_bytes(1000, i))
+        << path;
+  }
+  // What the interrupted generation wrote was removed, and it is no longer tracked.
+  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("stable", interrupted_generation)),
+            0u);
+  EXPECT_EQ(conn.command({"SISMEMBER", keys_.generations("stable"),
+                          std::to_string(interrupted_generation)})
+                .integer(),
+            0);
+}
+
+TEST_F(IngestRedisTest, WritersReconnectWhenRedisDropsConnections) {
+  const fs::path src = tmp_.path() / "src";
+  for (int i = 0; i < 40; ++i) {
+    write_file(src / "c" / ("f" + std::to_string(i)), pattern_bytes(2000, i));
+  }
+  IngestOptions options = options_for(src, "resilient");
+  options.jobs = 2;
+  std::atomic<bool> killed{false};
+  options.on_piece_written = [&](uint64_t pieces) {
+    if (pieces >= 10 && !killed.exchange(true)) {
+      // Drops every other client: the writers and the idle control connection.
+      store::Connection admin = connect();
+      admin.command({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"}).expect_ok("KILL");
+    }
+  };
+  const IngestResult result = ingest(options);
+  EXPECT_TRUE(killed);
+  EXPECT_EQ(result.files, 40u);
+  expect_matches_tree("resilient", src, 40);
+}
+
+TEST(IngestRedisErrors, RedisOutOfMemoryIsAClearError) {
+  TempDir tmp;
+  RedisServer redis(tmp.path(), {"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"});
+  const fs::path src = tmp.path() / "src";
+  for (int i = 0; i < 8; ++i) {
+    write_file(src / ("f" + std::to_string(i)), pattern_bytes(1 << 20, i));
+  }
+  IngestOptions options;
+  options.source = src;
+  options.dataset = "toobig";
+  options.progress = ProgressStyle::kQuiet;
+  try {
+    run_ingest(redis.endpoint(), catalog::KeySchema("dsfs"), options);
+    FAIL() << "an ingest larger than maxmemory succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("maxmemory"));
+    EXPECT_THAT(e.what(), HasSubstr("nothing was published"));
+  }
+  store::Connection conn(redis.endpoint());
+  EXPECT_THROW(catalog::read_info(conn, catalog::KeySchema("dsfs"), "toobig"),
+               catalog::DatasetNotFound);
+}
+
+TEST(IngestRedisErrors, UnreachableRedisNamesTheEndpoint) {
+  TempDir tmp;
+  write_file(tmp.path() / "src" / "a", "x");
+  store::RedisEndpoint nowhere;
+  nowhere.transport = store::RedisEndpoint::Transport::kUnix;
+  nowhere.socket_path = (tmp.path() / "no-such.sock").string();
+  IngestOptions options;
+  options.source = tmp.path() / "src";
+  options.dataset = "x";
+  options.progress = ProgressStyle::kQuiet;
+  try {
+    run_ingest(nowhere, catalog::KeySchema("dsfs"), options);
+    FAIL() << "ingest into an unreachable Redis succeeded";
+  } catch (const store::ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no-such.sock"));
+  }
+}
+
+}  // namespace
+}  // namespace dsfs::tools
