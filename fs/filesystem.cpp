@@ -1,0 +1,733 @@
+#define FUSE_USE_VERSION 314
+#include "fs/filesystem.h"
+
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+#include <optional>
+#include <string_view>
+
+#include "fs/virtual_files.h"
+#include "src/store/errors.h"
+
+namespace dsfs::fs {
+namespace {
+
+// Data and tree are immutable for a mount's snapshot, so the kernel may cache them for a day.
+constexpr double kImmutableTimeout = 86400.0;
+constexpr blksize_t kPreferredIoSize = 128 * 1024;
+
+constexpr std::string_view kLabelXattr = "user.dsfs.label";
+constexpr std::string_view kClassXattr = "user.dsfs.class";
+constexpr std::string_view kMetaXattr = "user.dsfs.meta";
+
+timespec to_timespec(int64_t unix_ns) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(unix_ns / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(unix_ns % 1'000'000'000);
+  if (ts.tv_nsec < 0) {
+    ts.tv_nsec += 1'000'000'000;
+    ts.tv_sec -= 1;
+  }
+  return ts;
+}
+
+void set_times(struct stat& st, int64_t unix_ns) {
+  st.st_mtim = st.st_atim = st.st_ctim = to_timespec(unix_ns);
+}
+
+// Read-only views of the ingested permission bits: write and set-id bits cleared, and the
+// owner can always read (and enter directories).
+mode_t file_permissions(uint32_t ingested) {
+  const mode_t bits = ingested & 0555;
+  return bits == 0 ? 0444 : (bits | 0400);
+}
+mode_t directory_permissions(uint32_t ingested) {
+  const mode_t bits = ingested & 0555;
+  return bits == 0 ? 0555 : (bits | 0500);
+}
+
+// Answers an xattr value or name-list request, honouring the size-probe protocol.
+void reply_xattr_bytes(fuse_req_t req, std::string_view bytes, size_t size) {
+  if (size == 0) {
+    fuse_reply_xattr(req, bytes.size());
+  } else if (size < bytes.size()) {
+    fuse_reply_err(req, ERANGE);
+  } else {
+    fuse_reply_buf(req, bytes.data(), bytes.size());
+  }
+}
+
+// Fills a readdir reply buffer of at most `size` bytes.
+class DirectoryBuffer {
+ public:
+  DirectoryBuffer(fuse_req_t req, size_t size, bool plus) : req_(req), buf_(size), plus_(plus) {}
+
+  // Adds one entry whose successor is at `next_offset`; false when it does not fit.
+  bool add(std::string_view name, const fuse_entry_param& entry, off_t next_offset) {
+    const std::string name_z(name);
+    char* at = buf_.data() + used_;
+    const size_t room = buf_.size() - used_;
+    const size_t need =
+        plus_ ? fuse_add_direntry_plus(req_, at, room, name_z.c_str(), &entry, next_offset)
+              : fuse_add_direntry(req_, at, room, name_z.c_str(), &entry.attr, next_offset);
+    if (need > room) return false;
+    used_ += need;
+    return true;
+  }
+  void reply() { fuse_reply_buf(req_, buf_.data(), used_); }
+  bool plus() const { return plus_; }
+
+ private:
+  fuse_req_t req_;
+  std::vector<char> buf_;
+  size_t used_ = 0;
+  bool plus_;
+};
+
+}  // namespace
+
+uint64_t default_cache_bytes() {
+  constexpr uint64_t kMaxDefault = 1ull << 30;
+  constexpr uint64_t kMinDefault = 64ull << 20;
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return kMaxDefault;
+  const uint64_t physical = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  return std::clamp(physical / 8, kMinDefault, kMaxDefault);
+}
+
+namespace {
+store::ConnectOptions connect_options(std::chrono::milliseconds timeout) {
+  using std::chrono::milliseconds;
+  // A stalled server must break a connection well within a read's retry budget.
+  return store::ConnectOptions{
+      .connect_timeout = std::clamp(timeout, milliseconds{200}, milliseconds{2000}),
+      .io_timeout = std::clamp(timeout, milliseconds{1000}, milliseconds{10000}),
+  };
+}
+}  // namespace
+
+Filesystem::Filesystem(store::RedisEndpoint endpoint,
+                       std::vector<prefetch::DatasetSnapshot> datasets, FilesystemOptions options)
+    : options_(std::move(options)),
+      datasets_(std::move(datasets)),
+      pool_(std::move(endpoint), options_.connections, connect_options(options_.timeout)),
+      cache_(options_.cache_bytes),
+      fetcher_(pool_, catalog::KeySchema(options_.ns),
+               prefetch::FetcherOptions{.timeout = options_.timeout}),
+      reader_(cache_, fetcher_, options_.verify),
+      mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
+      owner_uid_(getuid()),
+      owner_gid_(getgid()) {
+  if (datasets_.size() > kMaxDatasets) {
+    throw std::invalid_argument(fmt::format("a mount can hold at most {} datasets", kMaxDatasets));
+  }
+  for (uint32_t i = 0; i < datasets_.size(); ++i) {
+    datasets_[i].index = i;
+    if (!datasets_[i].catalog) throw std::invalid_argument("dataset snapshot without a catalogue");
+    if (datasets_[i].name() == kMetaDirName || datasets_[i].name() == kControlDirName) {
+      throw std::invalid_argument(
+          fmt::format("a dataset named '{}' would hide the mount's own {} directory",
+                      datasets_[i].name(), datasets_[i].name()));
+    }
+    if (!dataset_by_name_.emplace(datasets_[i].name(), i).second) {
+      throw std::invalid_argument(fmt::format("dataset '{}' named twice", datasets_[i].name()));
+    }
+    meta_.push_back(std::make_unique<MetaContents>());
+  }
+}
+
+Filesystem::~Filesystem() = default;
+
+const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
+  const auto slot = static_cast<size_t>(file);
+  MetaContents& contents = *meta_[dataset];
+  std::call_once(contents.once[slot], [&] {
+    const prefetch::DatasetSnapshot& d = datasets_[dataset];
+    switch (file) {
+      case MetaFile::kInfo:
+        contents.text[slot] = render_info_json(d, options_.ns);
+        break;
+      case MetaFile::kClasses:
+        contents.text[slot] = render_classes_txt(*d.catalog);
+        break;
+      case MetaFile::kLabels:
+        contents.text[slot] = render_labels_csv(*d.catalog);
+        break;
+      case MetaFile::kMetadata:
+        contents.text[slot] = render_metadata_jsonl(*d.catalog);
+        break;
+      case MetaFile::kDirectory:
+        break;
+    }
+  });
+  return contents.text[slot];
+}
+
+std::string Filesystem::stats_json() const {
+  return render_stats_json(StatsSources{
+      .fs = counters_,
+      .fetcher = fetcher_.stats(),
+      .cache = cache_.stats(),
+      .redis_connects = pool_.connects(),
+      .datasets = datasets_,
+      .started = started_,
+      .redis_endpoint = pool_.endpoint().describe(),
+      .ns = options_.ns,
+  });
+}
+
+// The request handlers. Every one answers its request exactly once, exceptions included.
+struct Handlers {
+  static Filesystem& self(fuse_req_t req) {
+    return *static_cast<Filesystem*>(fuse_req_userdata(req));
+  }
+
+  // Runs `body`, turning an escaping exception into an error reply.
+  template <typename Body>
+  static void guarded(fuse_req_t req, Op op, Body&& body) {
+    Filesystem& fs = self(req);
+    fs.counters_.count(op);
+    try {
+      body(fs);
+    } catch (const prefetch::IntegrityError&) {
+      fs.counters_.count(ErrorKind::kIntegrity);  // already logged with the key
+      fuse_reply_err(req, EIO);
+    } catch (const store::ConnectionError&) {
+      fs.counters_.count(ErrorKind::kUnavailable);
+      fuse_reply_err(req, EIO);
+    } catch (const store::ReplyError&) {
+      fs.counters_.count(ErrorKind::kRedisError);
+      fuse_reply_err(req, EIO);
+    } catch (const std::exception& e) {
+      fs.counters_.count(ErrorKind::kInternal);
+      spdlog::error("{} request failed: {}", op_name(op), e.what());
+      fuse_reply_err(req, EIO);
+    }
+  }
+
+  // Answers with errno `error`, counting the ones stats.json reports.
+  static void fail(Filesystem& fs, fuse_req_t req, int error) {
+    if (error == EROFS) fs.counters_.count(ErrorKind::kReadOnly);
+    if (error == ENOENT) fs.counters_.count(ErrorKind::kNotFound);
+    fuse_reply_err(req, error);
+  }
+
+  // The dataset and entry an inode names, if it names an existing one.
+  static const prefetch::DatasetSnapshot* dataset_of(Filesystem& fs, const InodeRef& ref) {
+    if (ref.dataset >= fs.datasets_.size()) return nullptr;
+    const prefetch::DatasetSnapshot& d = fs.datasets_[ref.dataset];
+    if (ref.kind == InodeRef::Kind::kEntry && ref.entry >= d.catalog->entry_count()) return nullptr;
+    return &d;
+  }
+
+  static void stat_entry(Filesystem& fs, const prefetch::DatasetSnapshot& d, uint32_t index,
+                         struct stat& st) {
+    const catalog::Catalog& catalog = *d.catalog;
+    const catalog::CatalogEntry& e = catalog.entry(index);
+    st.st_ino = entry_inode(d.index, index);
+    st.st_uid = fs.owner_uid_;
+    st.st_gid = fs.owner_gid_;
+    st.st_blksize = kPreferredIoSize;
+    set_times(st, e.mtime_ns);
+    if (e.is_dir) {
+      st.st_mode = S_IFDIR | directory_permissions(e.mode);
+      nlink_t subdirectories = 0;
+      for (uint32_t c = e.first_child; c < e.first_child + e.child_count; ++c) {
+        subdirectories += catalog.entry(c).is_dir;
+      }
+      st.st_nlink = 2 + subdirectories;
+    } else {
+      st.st_mode = S_IFREG | file_permissions(e.mode);
+      st.st_nlink = 1;
+      st.st_size = static_cast<off_t>(e.size);
+      st.st_blocks = static_cast<blkcnt_t>((e.size + 511) / 512);
+    }
+  }
+
+  static void stat_virtual(Filesystem& fs, uint64_t ino, mode_t mode, nlink_t nlink, uint64_t size,
+                           int64_t mtime_unix, struct stat& st) {
+    st.st_ino = ino;
+    st.st_mode = mode;
+    st.st_nlink = nlink;
+    st.st_uid = fs.owner_uid_;
+    st.st_gid = fs.owner_gid_;
+    st.st_size = static_cast<off_t>(size);
+    st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+    st.st_blksize = kPreferredIoSize;
+    set_times(st, mtime_unix * 1'000'000'000);
+  }
+
+  // Attributes of any inode; false if it names nothing. `timeout` is how long they may be cached.
+  static bool stat_inode(Filesystem& fs, uint64_t ino, struct stat& st, double& timeout) {
+    st = {};
+    timeout = kImmutableTimeout;
+    const InodeRef ref = decode_inode(ino);
+    const auto dataset_count = static_cast<nlink_t>(fs.datasets_.size());
+    switch (ref.kind) {
+      case InodeRef::Kind::kInvalid:
+        return false;
+      case InodeRef::Kind::kRoot:
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + 2 + dataset_count, 0, fs.mounted_unix_, st);
+        return true;
+      case InodeRef::Kind::kMetaDir:
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + dataset_count, 0, fs.mounted_unix_, st);
+        return true;
+      case InodeRef::Kind::kControlDir:
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2, 0, fs.mounted_unix_, st);
+        return true;
+      case InodeRef::Kind::kStats:
+        // Served with direct_io, so the size is not needed; its contents change all the time.
+        timeout = 0;
+        stat_virtual(fs, ino, S_IFREG | 0444, 1, 0, std::time(nullptr), st);
+        return true;
+      case InodeRef::Kind::kMeta: {
+        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+        if (!d) return false;
+        if (ref.meta == MetaFile::kDirectory) {
+          stat_virtual(fs, ino, S_IFDIR | 0555, 2, 0, d->info.created_unix, st);
+        } else {
+          const uint64_t size = fs.meta_content(ref.dataset, ref.meta).size();
+          stat_virtual(fs, ino, S_IFREG | 0444, 1, size, d->info.created_unix, st);
+        }
+        return true;
+      }
+      case InodeRef::Kind::kEntry: {
+        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+        if (!d) return false;
+        stat_entry(fs, *d, ref.entry, st);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static bool is_directory(const InodeRef& ref, Filesystem& fs) {
+    switch (ref.kind) {
+      case InodeRef::Kind::kRoot:
+      case InodeRef::Kind::kMetaDir:
+      case InodeRef::Kind::kControlDir:
+        return true;
+      case InodeRef::Kind::kMeta:
+        return ref.meta == MetaFile::kDirectory;
+      case InodeRef::Kind::kEntry: {
+        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+        return d && d->catalog->entry(ref.entry).is_dir;
+      }
+      default:
+        return false;
+    }
+  }
+
+  // The child of directory `parent` called `name`: its inode, or 0 if there is none.
+  static uint64_t find_child(Filesystem& fs, uint64_t parent, std::string_view name) {
+    const InodeRef ref = decode_inode(parent);
+    switch (ref.kind) {
+      case InodeRef::Kind::kRoot: {
+        if (name == kMetaDirName) return kMetaDirInode;
+        if (name == kControlDirName) return kControlDirInode;
+        const auto it = fs.dataset_by_name_.find(std::string(name));
+        return it == fs.dataset_by_name_.end() ? 0 : entry_inode(it->second, catalog::kRootIndex);
+      }
+      case InodeRef::Kind::kMetaDir: {
+        const auto it = fs.dataset_by_name_.find(std::string(name));
+        return it == fs.dataset_by_name_.end() ? 0 : meta_inode(it->second, MetaFile::kDirectory);
+      }
+      case InodeRef::Kind::kControlDir:
+        return name == kStatsFileName ? kStatsInode : 0;
+      case InodeRef::Kind::kMeta: {
+        if (ref.meta != MetaFile::kDirectory || !dataset_of(fs, ref)) return 0;
+        const std::optional<MetaFile> file = meta_file_by_name(name);
+        return file ? meta_inode(ref.dataset, *file) : 0;
+      }
+      case InodeRef::Kind::kEntry: {
+        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+        if (!d || !d->catalog->entry(ref.entry).is_dir) return 0;
+        const std::optional<uint32_t> child = d->catalog->lookup(ref.entry, name);
+        return child ? entry_inode(ref.dataset, *child) : 0;
+      }
+      default:
+        return 0;
+    }
+  }
+
+  static fuse_entry_param entry_param(Filesystem& fs, uint64_t ino) {
+    fuse_entry_param entry{};
+    double timeout = kImmutableTimeout;
+    if (ino != 0 && stat_inode(fs, ino, entry.attr, timeout)) entry.ino = ino;
+    entry.attr_timeout = timeout;
+    entry.entry_timeout = kImmutableTimeout;
+    return entry;
+  }
+
+  // ---- requests ----
+
+  static void init(void* userdata, fuse_conn_info* conn) {
+    static_cast<Filesystem*>(userdata)->counters_.count(Op::kInit);
+    const auto want = [conn](unsigned capability) {
+      if (conn->capable & capability) conn->want |= capability;
+    };
+    want(FUSE_CAP_READDIRPLUS);
+    want(FUSE_CAP_PARALLEL_DIROPS);
+    want(FUSE_CAP_ASYNC_READ);
+    // Data never changes under a mount, so there is nothing to invalidate on attribute changes.
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+    conn->time_gran = 1;
+  }
+
+  static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    guarded(req, Op::kLookup, [&](Filesystem& fs) {
+      const uint64_t ino = find_child(fs, parent, name);
+      // Names never appear later in a mount, so a miss is cached as long as a hit.
+      if (ino == 0) fs.counters_.count(ErrorKind::kNotFound);
+      const fuse_entry_param entry = entry_param(fs, ino);
+      fuse_reply_entry(req, &entry);
+    });
+  }
+
+  static void getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+    guarded(req, Op::kGetattr, [&](Filesystem& fs) {
+      struct stat st {};
+      double timeout = 0;
+      if (!stat_inode(fs, ino, st, timeout)) return fail(fs, req, ENOENT);
+      fuse_reply_attr(req, &st, timeout);
+    });
+  }
+
+  static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    guarded(req, Op::kOpen, [&](Filesystem& fs) {
+      if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+        return fail(fs, req, EROFS);
+      }
+      const InodeRef ref = decode_inode(ino);
+      switch (ref.kind) {
+        case InodeRef::Kind::kStats: {
+          // A fresh snapshot per open, read with direct I/O so every reader sees the current one.
+          auto snapshot = std::make_unique<std::string>(fs.stats_json());
+          fi->direct_io = 1;
+          fi->fh = reinterpret_cast<uint64_t>(snapshot.get());
+          if (fuse_reply_open(req, fi) == 0) snapshot.release();
+          return;
+        }
+        case InodeRef::Kind::kMeta:
+          if (ref.meta == MetaFile::kDirectory) return fail(fs, req, EISDIR);
+          if (!dataset_of(fs, ref)) return fail(fs, req, ENOENT);
+          break;
+        case InodeRef::Kind::kEntry: {
+          const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+          if (!d) return fail(fs, req, ENOENT);
+          if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
+          fs.counters_.files_opened.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+        case InodeRef::Kind::kInvalid:
+          return fail(fs, req, ENOENT);
+        default:
+          return fail(fs, req, EISDIR);
+      }
+      // Contents are immutable for the mount: keep the page cache across opens.
+      fi->keep_cache = 1;
+      fi->noflush = 1;
+      fuse_reply_open(req, fi);
+    });
+  }
+
+  static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+    guarded(req, Op::kRead, [&](Filesystem& fs) {
+      if (off < 0) return fail(fs, req, EINVAL);
+      const InodeRef ref = decode_inode(ino);
+      const auto reply_text = [&](std::string_view text) {
+        const auto from = std::min<size_t>(static_cast<size_t>(off), text.size());
+        const size_t length = std::min(size, text.size() - from);
+        fuse_reply_buf(req, text.data() + from, length);
+      };
+      switch (ref.kind) {
+        case InodeRef::Kind::kStats:
+          return reply_text(*reinterpret_cast<const std::string*>(fi->fh));
+        case InodeRef::Kind::kMeta:
+          if (!dataset_of(fs, ref) || ref.meta == MetaFile::kDirectory) {
+            return fail(fs, req, EISDIR);
+          }
+          return reply_text(fs.meta_content(ref.dataset, ref.meta));
+        case InodeRef::Kind::kEntry:
+          break;
+        default:
+          return fail(fs, req, EISDIR);
+      }
+      const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+      if (!d) return fail(fs, req, ENOENT);
+      if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
+
+      const std::vector<prefetch::Slice> slices =
+          fs.reader_.read(*d, ref.entry, static_cast<uint64_t>(off), size);
+      std::vector<iovec> iov;
+      iov.reserve(slices.size());
+      size_t total = 0;
+      for (const prefetch::Slice& s : slices) {
+        // The kernel only reads these bytes; fuse_reply_iov takes non-const pointers.
+        iov.push_back(iovec{const_cast<char*>(s.buffer->bytes().data() + s.offset), s.length});
+        total += s.length;
+      }
+      fs.counters_.bytes_read.fetch_add(total, std::memory_order_relaxed);
+      if (iov.empty()) {
+        fuse_reply_buf(req, nullptr, 0);
+        return;
+      }
+      fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+    });
+  }
+
+  static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    guarded(req, Op::kRelease, [&](Filesystem&) {
+      if (ino == kStatsInode) {
+        const std::unique_ptr<std::string> snapshot(reinterpret_cast<std::string*>(fi->fh));
+      }
+      fuse_reply_err(req, 0);
+    });
+  }
+
+  static void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    guarded(req, Op::kOpendir, [&](Filesystem& fs) {
+      const InodeRef ref = decode_inode(ino);
+      if (ref.kind == InodeRef::Kind::kInvalid ||
+          ((ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kMeta) &&
+           !dataset_of(fs, ref))) {
+        return fail(fs, req, ENOENT);
+      }
+      if (!is_directory(ref, fs)) return fail(fs, req, ENOTDIR);
+      // Listings never change under a mount.
+      fi->cache_readdir = 1;
+      fi->keep_cache = 1;
+      fuse_reply_open(req, fi);
+    });
+  }
+
+  // Lists directory `ino` from position `off` (0 ".", 1 "..", 2... the children).
+  static void list(Filesystem& fs, fuse_req_t req, fuse_ino_t ino, off_t off,
+                   DirectoryBuffer& out) {
+    const InodeRef ref = decode_inode(ino);
+    uint64_t parent = kRootInode;
+    std::vector<std::pair<std::string, uint64_t>> fixed;  // children of the virtual directories
+    const auto is_dir_inode = [&](uint64_t child) { return is_directory(decode_inode(child), fs); };
+    const prefetch::DatasetSnapshot* d = nullptr;
+    switch (ref.kind) {
+      case InodeRef::Kind::kRoot:
+        fixed.emplace_back(kControlDirName, kControlDirInode);
+        fixed.emplace_back(kMetaDirName, kMetaDirInode);
+        for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
+          fixed.emplace_back(ds.name(), entry_inode(ds.index, catalog::kRootIndex));
+        }
+        break;
+      case InodeRef::Kind::kMetaDir:
+        for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
+          fixed.emplace_back(ds.name(), meta_inode(ds.index, MetaFile::kDirectory));
+        }
+        break;
+      case InodeRef::Kind::kControlDir:
+        fixed.emplace_back(kStatsFileName, kStatsInode);
+        break;
+      case InodeRef::Kind::kMeta:
+        if (!dataset_of(fs, ref) || ref.meta != MetaFile::kDirectory) {
+          return fail(fs, req, ENOTDIR);
+        }
+        parent = kMetaDirInode;
+        for (const MetaFile file : kMetaFiles) {
+          fixed.emplace_back(meta_file_name(file), meta_inode(ref.dataset, file));
+        }
+        break;
+      case InodeRef::Kind::kEntry: {
+        d = dataset_of(fs, ref);
+        if (!d) return fail(fs, req, ENOENT);
+        const catalog::CatalogEntry& e = d->catalog->entry(ref.entry);
+        if (!e.is_dir) return fail(fs, req, ENOTDIR);
+        parent = ref.entry == catalog::kRootIndex ? kRootInode : entry_inode(ref.dataset, e.parent);
+        break;
+      }
+      default:
+        return fail(fs, req, ENOENT);
+    }
+
+    const uint64_t child_count =
+        d ? d->catalog->entry(ref.entry).child_count : static_cast<uint64_t>(fixed.size());
+    for (uint64_t position = static_cast<uint64_t>(off); position < 2 + child_count; ++position) {
+      std::string_view name;
+      uint64_t child_ino = 0;
+      if (position == 0) {
+        name = ".";
+        child_ino = ino;
+      } else if (position == 1) {
+        name = "..";
+        child_ino = parent;
+      } else if (d) {
+        const uint32_t index =
+            d->catalog->entry(ref.entry).first_child + static_cast<uint32_t>(position - 2);
+        name = d->catalog->name(index);
+        child_ino = entry_inode(ref.dataset, index);
+      } else {
+        name = fixed[position - 2].first;
+        child_ino = fixed[position - 2].second;
+      }
+      fuse_entry_param entry{};
+      double timeout = kImmutableTimeout;
+      if (out.plus()) {
+        if (!stat_inode(fs, child_ino, entry.attr, timeout)) continue;
+      } else {
+        // Plain readdir only needs the inode and the file type.
+        entry.attr.st_ino = child_ino;
+        entry.attr.st_mode = position < 2 || is_dir_inode(child_ino) ? S_IFDIR : S_IFREG;
+      }
+      entry.ino = child_ino;
+      entry.attr_timeout = timeout;
+      entry.entry_timeout = kImmutableTimeout;
+      if (!out.add(name, entry, static_cast<off_t>(position + 1))) break;
+    }
+    out.reply();
+  }
+
+  static void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+    guarded(req, Op::kReaddir, [&](Filesystem& fs) {
+      DirectoryBuffer out(req, size, /*plus=*/false);
+      list(fs, req, ino, off, out);
+    });
+  }
+
+  static void readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+    guarded(req, Op::kReaddirplus, [&](Filesystem& fs) {
+      DirectoryBuffer out(req, size, /*plus=*/true);
+      list(fs, req, ino, off, out);
+    });
+  }
+
+  static void releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
+    guarded(req, Op::kReleasedir, [&](Filesystem&) { fuse_reply_err(req, 0); });
+  }
+
+  static void statfs(fuse_req_t req, fuse_ino_t) {
+    guarded(req, Op::kStatfs, [&](Filesystem& fs) {
+      constexpr unsigned long kBlock = 4096;
+      struct statvfs st {};
+      uint64_t bytes = 0;
+      uint64_t entries = 4;
+      for (const prefetch::DatasetSnapshot& d : fs.datasets_) {
+        bytes += d.catalog->total_bytes();
+        entries += d.catalog->entry_count() + 1 + std::size(kMetaFiles);
+      }
+      st.f_bsize = kBlock;
+      st.f_frsize = kBlock;
+      st.f_blocks = (bytes + kBlock - 1) / kBlock;
+      st.f_files = entries;
+      st.f_namemax = 255;
+      fuse_reply_statfs(req, &st);
+    });
+  }
+
+  // The value of a dsfs xattr of a dataset file, if it has one.
+  static std::optional<std::string> xattr_value(const prefetch::DatasetSnapshot& d, uint32_t entry,
+                                                std::string_view name) {
+    const catalog::Catalog& catalog = *d.catalog;
+    const catalog::CatalogEntry& e = catalog.entry(entry);
+    if (e.is_dir) return std::nullopt;
+    if (name == kLabelXattr && e.label != catalog::kNoLabel) return std::to_string(e.label);
+    if (name == kClassXattr && e.label < catalog.classes().size()) {
+      return catalog.classes()[e.label];
+    }
+    if (name == kMetaXattr && !catalog.metadata(entry).empty()) {
+      return std::string(catalog.metadata(entry));
+    }
+    return std::nullopt;
+  }
+
+  static void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+    guarded(req, Op::kGetxattr, [&](Filesystem& fs) {
+      const InodeRef ref = decode_inode(ino);
+      std::optional<std::string> value;
+      if (ref.kind == InodeRef::Kind::kEntry) {
+        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+        if (!d) return fail(fs, req, ENOENT);
+        value = xattr_value(*d, ref.entry, name);
+      }
+      if (!value) return fail(fs, req, ENODATA);
+      reply_xattr_bytes(req, *value, size);
+    });
+  }
+
+  static void listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+    guarded(req, Op::kListxattr, [&](Filesystem& fs) {
+      const InodeRef ref = decode_inode(ino);
+      std::string names;  // each name NUL-terminated
+      if (ref.kind == InodeRef::Kind::kEntry) {
+        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+        if (!d) return fail(fs, req, ENOENT);
+        for (const std::string_view name : {kLabelXattr, kClassXattr, kMetaXattr}) {
+          if (xattr_value(*d, ref.entry, name)) {
+            names += name;
+            names += '\0';
+          }
+        }
+      }
+      reply_xattr_bytes(req, names, size);
+    });
+  }
+
+  // The mount is read-only; the kernel already refuses most changes, these answer the rest.
+  static void refuse(fuse_req_t req) {
+    guarded(req, Op::kWrite, [&](Filesystem& fs) { fail(fs, req, EROFS); });
+  }
+};
+
+const fuse_lowlevel_ops& Filesystem::operations() {
+  static const fuse_lowlevel_ops ops = [] {
+    fuse_lowlevel_ops o{};
+    o.init = &Handlers::init;
+    o.lookup = &Handlers::lookup;
+    o.getattr = &Handlers::getattr;
+    o.open = &Handlers::open;
+    o.read = &Handlers::read;
+    o.release = &Handlers::release;
+    o.opendir = &Handlers::opendir;
+    o.readdir = &Handlers::readdir;
+    o.readdirplus = &Handlers::readdirplus;
+    o.releasedir = &Handlers::releasedir;
+    o.statfs = &Handlers::statfs;
+    o.getxattr = &Handlers::getxattr;
+    o.listxattr = &Handlers::listxattr;
+    o.setattr = [](fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) {
+      Handlers::refuse(req);
+    };
+    o.mknod = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { Handlers::refuse(req); };
+    o.mkdir = [](fuse_req_t req, fuse_ino_t, const char*, mode_t) { Handlers::refuse(req); };
+    o.unlink = [](fuse_req_t req, fuse_ino_t, const char*) { Handlers::refuse(req); };
+    o.rmdir = [](fuse_req_t req, fuse_ino_t, const char*) { Handlers::refuse(req); };
+    o.symlink = [](fuse_req_t req, const char*, fuse_ino_t, const char*) { Handlers::refuse(req); };
+    o.rename = [](fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) {
+      Handlers::refuse(req);
+    };
+    o.link = [](fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { Handlers::refuse(req); };
+    o.write = [](fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
+      Handlers::refuse(req);
+    };
+    o.create = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) {
+      Handlers::refuse(req);
+    };
+    o.setxattr = [](fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+      Handlers::refuse(req);
+    };
+    o.removexattr = [](fuse_req_t req, fuse_ino_t, const char*) { Handlers::refuse(req); };
+    o.fallocate = [](fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
+      Handlers::refuse(req);
+    };
+    return o;
+  }();
+  return ops;
+}
+
+}  // namespace dsfs::fs

@@ -1,0 +1,83 @@
+#pragma once
+// The read-only filesystem behind a mount: FUSE low-level request handlers over the mounted
+// datasets' catalogues, the generated files and the read path.
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fs/inodes.h"
+#include "fs/stats.h"
+#include "prefetch/dataset_snapshot.h"
+#include "prefetch/file_reader.h"
+#include "prefetch/object_cache.h"
+#include "prefetch/object_fetcher.h"
+#include "src/store/pool.h"
+
+struct fuse_lowlevel_ops;
+
+namespace dsfs::fs {
+
+inline constexpr uint64_t kDefaultConnections = 8;
+
+// A cache that fits comfortably: 1 GiB, or an eighth of physical memory when that is less
+// (but at least 64 MiB).
+uint64_t default_cache_bytes();
+
+struct FilesystemOptions {
+  std::string ns = "dsfs";
+  uint64_t cache_bytes = default_cache_bytes();
+  std::chrono::milliseconds timeout{30000};  // a read's retry budget while Redis is away
+  bool verify = false;                       // check every file's checksum on fetch
+  size_t connections = kDefaultConnections;
+};
+
+class Filesystem {
+ public:
+  // Connections are made on the first read, never here, so a Filesystem can be built before
+  // the mount daemonizes.
+  Filesystem(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
+             FilesystemOptions options);
+  ~Filesystem();
+  Filesystem(const Filesystem&) = delete;
+  Filesystem& operator=(const Filesystem&) = delete;
+
+  // The request handlers; the session's userdata must be this Filesystem.
+  static const fuse_lowlevel_ops& operations();
+
+  const std::vector<prefetch::DatasetSnapshot>& datasets() const { return datasets_; }
+  const FilesystemOptions& options() const { return options_; }
+  std::string stats_json() const;
+  const FsCounters& counters() const { return counters_; }
+  const prefetch::ObjectCache& cache() const { return cache_; }
+
+ private:
+  friend struct Handlers;
+  // Text of a generated .meta file, rendered on first use.
+  const std::string& meta_content(uint32_t dataset, MetaFile file);
+
+  struct MetaContents {
+    std::array<std::once_flag, 5> once;
+    std::array<std::string, 5> text;
+  };
+
+  FilesystemOptions options_;
+  std::vector<prefetch::DatasetSnapshot> datasets_;
+  std::unordered_map<std::string, uint32_t> dataset_by_name_;
+  std::vector<std::unique_ptr<MetaContents>> meta_;
+  store::ConnectionPool pool_;
+  prefetch::ObjectCache cache_;
+  prefetch::ObjectFetcher fetcher_;
+  prefetch::FileReader reader_;
+  FsCounters counters_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  const int64_t mounted_unix_;
+  const uint32_t owner_uid_;
+  const uint32_t owner_gid_;
+};
+
+}  // namespace dsfs::fs

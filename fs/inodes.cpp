@@ -1,0 +1,48 @@
+#include "fs/inodes.h"
+
+namespace dsfs::fs {
+
+std::string_view meta_file_name(MetaFile file) {
+  switch (file) {
+    case MetaFile::kDirectory:
+      return "";
+    case MetaFile::kInfo:
+      return "info.json";
+    case MetaFile::kClasses:
+      return "classes.txt";
+    case MetaFile::kLabels:
+      return "labels.csv";
+    case MetaFile::kMetadata:
+      return "metadata.jsonl";
+  }
+  return "";
+}
+
+std::optional<MetaFile> meta_file_by_name(std::string_view name) {
+  for (const MetaFile file : kMetaFiles) {
+    if (meta_file_name(file) == name) return file;
+  }
+  return std::nullopt;
+}
+
+InodeRef decode_inode(uint64_t ino) {
+  using Kind = InodeRef::Kind;
+  if (ino == kRootInode) return {.kind = Kind::kRoot};
+  if (ino == kMetaDirInode) return {.kind = Kind::kMetaDir};
+  if (ino == kControlDirInode) return {.kind = Kind::kControlDir};
+  if (ino == kStatsInode) return {.kind = Kind::kStats};
+  if (ino >= 16 && ino < (uint64_t{1} << 32)) {
+    const uint64_t slot = (ino - 16) % 8;
+    if (slot > static_cast<uint32_t>(MetaFile::kMetadata)) return {};
+    return {.kind = Kind::kMeta,
+            .dataset = static_cast<uint32_t>((ino - 16) / 8),
+            .meta = static_cast<MetaFile>(slot)};
+  }
+  const uint64_t dataset_plus_one = ino >> 32;
+  if (dataset_plus_one == 0 || dataset_plus_one > kMaxDatasets) return {};
+  return {.kind = Kind::kEntry,
+          .dataset = static_cast<uint32_t>(dataset_plus_one - 1),
+          .entry = static_cast<uint32_t>(ino & 0xffffffffu)};
+}
+
+}  // namespace dsfs::fs

@@ -1,0 +1,377 @@
+#define FUSE_USE_VERSION 314
+#include "fs/mount.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <fuse_lowlevel.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+
+#include "src/catalog/dataset.h"
+#include "src/catalog/names.h"
+#include "src/store/connection.h"
+#include "src/store/errors.h"
+#include "src/store/pool.h"
+
+namespace dsfs::fs {
+namespace {
+
+std::string read_text_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+// ---- mountinfo --------------------------------------------------------------------------------
+
+std::string unescape_mountinfo_field(std::string_view field) {
+  std::string out;
+  out.reserve(field.size());
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size() &&
+        std::all_of(field.begin() + i + 1, field.begin() + i + 4,
+                    [](char c) { return c >= '0' && c <= '7'; })) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                               (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
+}
+
+std::vector<MountInfo> parse_mountinfo(std::string_view text) {
+  // Line: id parent major:minor root mount-point options [optional...] - type source super-opts
+  std::vector<MountInfo> mounts;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    const std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
+    std::vector<std::string_view> fields;
+    size_t pos = 0;
+    while (pos < line.size()) {
+      const size_t next = line.find(' ', pos);
+      const size_t stop = next == std::string_view::npos ? line.size() : next;
+      if (stop > pos) fields.push_back(line.substr(pos, stop - pos));
+      pos = stop + 1;
+    }
+    const auto separator = std::find(fields.begin(), fields.end(), "-");
+    if (fields.size() < 6 || separator == fields.end() || fields.end() - separator < 3) continue;
+    mounts.push_back(MountInfo{.mount_point = unescape_mountinfo_field(fields[4]),
+                               .fs_type = std::string(separator[1]),
+                               .source = unescape_mountinfo_field(separator[2]),
+                               .device = std::string(fields[2])});
+  }
+  return mounts;
+}
+
+std::optional<MountInfo> find_mount(const std::filesystem::path& real_path) {
+  std::optional<MountInfo> found;
+  for (MountInfo& m : parse_mountinfo(read_text_file("/proc/self/mountinfo"))) {
+    if (m.mount_point == real_path.native()) found = std::move(m);  // the last one is on top
+  }
+  return found;
+}
+
+std::filesystem::path check_mountpoint(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status)) {
+    if (error.value() == ENOTCONN) {
+      throw std::runtime_error(fmt::format(
+          "mountpoint {} is a dead FUSE mount (its daemon exited); clear it with `dsfs umount {}`",
+          path.string(), path.string()));
+    }
+    const bool odd_error = error && error.value() != ENOENT;
+    throw std::runtime_error(fmt::format("mountpoint {} does not exist{}; create it with mkdir",
+                                         path.string(),
+                                         odd_error ? " (" + error.message() + ")" : std::string()));
+  }
+  if (!std::filesystem::is_directory(status)) {
+    throw std::runtime_error(fmt::format("mountpoint {} is not a directory", path.string()));
+  }
+  const std::filesystem::path real = std::filesystem::canonical(path);
+  if (const std::optional<MountInfo> mounted = find_mount(real)) {
+    throw std::runtime_error(fmt::format(
+        "{} is already a mount point ({} from {}); unmount it first{}", real.string(),
+        mounted->fs_type, mounted->source,
+        mounted->fs_type == kMountType ? fmt::format(" with `dsfs umount {}`", real.string())
+                                       : std::string()));
+  }
+  return real;
+}
+
+// ---- loading ----------------------------------------------------------------------------------
+
+std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
+                                                     const catalog::KeySchema& keys,
+                                                     const std::vector<std::string>& names,
+                                                     std::chrono::milliseconds connect_wait) {
+  const store::ConnectOptions connect{.connect_timeout = std::chrono::milliseconds{2000},
+                                      .io_timeout = std::chrono::milliseconds{30000}};
+  std::optional<store::Connection> conn;
+  try {
+    store::with_retry(connect_wait, [&] { conn.emplace(endpoint, connect); });
+  } catch (const store::ConnectionError& e) {
+    throw store::ConnectionError(fmt::format("gave up reaching Redis at {} after {} s: {}",
+                                             endpoint.describe(), connect_wait.count() / 1000,
+                                             e.what()));
+  }
+
+  std::vector<std::string> wanted;
+  const bool explicit_names = !names.empty();
+  if (explicit_names) {
+    std::set<std::string> seen;
+    for (const std::string& name : names) {
+      catalog::validate_dataset_name(name);
+      if (seen.insert(name).second) wanted.push_back(name);
+    }
+  } else {
+    wanted = catalog::list_datasets(*conn, keys);
+    std::sort(wanted.begin(), wanted.end());
+  }
+
+  std::vector<prefetch::DatasetSnapshot> datasets;
+  for (const std::string& name : wanted) {
+    if (name == kMetaDirName || name == kControlDirName) {
+      const std::string message = fmt::format(
+          "dataset '{}' cannot be mounted: its name is taken by the mount's own {} directory; "
+          "re-ingest it under another name",
+          name, name);
+      if (explicit_names) throw std::runtime_error(message);
+      spdlog::warn("{}", message);
+      continue;
+    }
+    prefetch::DatasetSnapshot snapshot;
+    snapshot.index = static_cast<uint32_t>(datasets.size());
+    snapshot.info = catalog::read_info(*conn, keys, name);
+    const auto started = std::chrono::steady_clock::now();
+    snapshot.catalog = catalog::load_catalog(*conn, keys, snapshot.info);
+    spdlog::info(
+        "dataset '{}' generation {}: {} files, {} directories, {:.1f} MB, catalogue loaded "
+        "in {:.2f} s ({:.1f} MB in memory)",
+        name, snapshot.info.generation, snapshot.catalog->file_count(),
+        snapshot.catalog->directory_count(), snapshot.catalog->total_bytes() / 1e6,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+        snapshot.catalog->memory_bytes() / 1e6);
+    datasets.push_back(std::move(snapshot));
+  }
+  return datasets;
+}
+
+// ---- Session ----------------------------------------------------------------------------------
+
+namespace {
+
+// fuse_args owning its strings.
+class FuseArgs {
+ public:
+  explicit FuseArgs(std::vector<std::string> args) : strings_(std::move(args)) {
+    for (std::string& s : strings_) pointers_.push_back(s.data());
+    args_ = FUSE_ARGS_INIT(static_cast<int>(pointers_.size()), pointers_.data());
+  }
+  ~FuseArgs() { fuse_opt_free_args(&args_); }
+  FuseArgs(const FuseArgs&) = delete;
+  FuseArgs& operator=(const FuseArgs&) = delete;
+  fuse_args* get() { return &args_; }
+
+ private:
+  std::vector<std::string> strings_;
+  std::vector<char*> pointers_;
+  fuse_args args_{};
+};
+
+}  // namespace
+
+Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std::move(options)) {
+  std::string mount_options = "ro,fsname=dsfs,subtype=dsfs,default_permissions";
+  for (const std::string& option : options_.fuse_options) {
+    if (!option.empty()) mount_options += "," + option;
+  }
+  std::vector<std::string> args = {"dsfs", "-o", mount_options};
+  if (options_.debug) args.emplace_back("-d");
+  FuseArgs fuse_args(std::move(args));
+  session_ = fuse_session_new(fuse_args.get(), &Filesystem::operations(), sizeof(fuse_lowlevel_ops),
+                              &filesystem);
+  if (!session_) {
+    throw std::runtime_error(fmt::format(
+        "cannot create the FUSE session: bad mount options '{}' (libfuse printed why above)",
+        mount_options));
+  }
+  if (fuse_session_mount(session_, options_.mountpoint.c_str()) != 0) {
+    fuse_session_destroy(std::exchange(session_, nullptr));
+    throw std::runtime_error(fmt::format(
+        "cannot mount on {}: FUSE refused (is /dev/fuse available and fusermount3 installed?)",
+        options_.mountpoint.string()));
+  }
+  mounted_ = true;
+}
+
+Session::~Session() {
+  if (signal_handlers_) fuse_remove_signal_handlers(session_);
+  unmount();
+  fuse_session_destroy(session_);
+}
+
+int Session::run() {
+  struct LoopConfig {
+    fuse_loop_config* config = fuse_loop_cfg_create();
+    ~LoopConfig() { fuse_loop_cfg_destroy(config); }
+  } loop;
+  if (!loop.config) throw std::bad_alloc();
+  const unsigned threads = std::max(options_.threads, 1u);
+  fuse_loop_cfg_set_max_threads(loop.config, threads);
+  fuse_loop_cfg_set_idle_threads(loop.config, threads);
+  // A /dev/fuse descriptor per thread: requests are not funnelled through one queue.
+  fuse_loop_cfg_set_clone_fd(loop.config, 1);
+  return fuse_session_loop_mt(session_, loop.config);
+}
+
+void Session::exit() {
+  fuse_session_exit(session_);
+}
+
+void Session::unmount() {
+  if (!mounted_) return;
+  mounted_ = false;
+  fuse_session_unmount(session_);
+}
+
+void Session::install_signal_handlers() {
+  if (signal_handlers_) return;
+  if (fuse_set_signal_handlers(session_) != 0) {
+    throw std::runtime_error("cannot install the SIGINT/SIGTERM/SIGHUP handlers");
+  }
+  signal_handlers_ = true;
+}
+
+// ---- Mount ------------------------------------------------------------------------------------
+
+Mount::Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
+             MountOptions options)
+    : filesystem_(std::make_unique<Filesystem>(std::move(endpoint), std::move(datasets),
+                                               std::move(options.filesystem))),
+      session_(std::make_unique<Session>(*filesystem_, std::move(options.session))) {
+  loop_ = std::async(std::launch::async, [session = session_.get()] { return session->run(); });
+}
+
+Mount::~Mount() {
+  session_->exit();
+  // Unmounting ends the connection once nothing on the mount is open any more; the serving
+  // threads then see it gone and return.
+  session_->unmount();
+  while (loop_.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    spdlog::warn("{} is unmounted but files on it are still open; waiting for them to be closed",
+                 session_->mountpoint().string());
+  }
+  try {
+    loop_.get();
+  } catch (const std::exception& e) {
+    spdlog::error("the FUSE loop of {} failed: {}", session_->mountpoint().string(), e.what());
+  }
+  session_.reset();
+  filesystem_.reset();
+}
+
+// ---- DaemonLock -------------------------------------------------------------------------------
+
+namespace {
+
+std::filesystem::path runtime_directory() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg && *xdg) return std::filesystem::path(xdg) / "dsfs";
+  return std::filesystem::path("/tmp") / fmt::format("dsfs-{}", geteuid());
+}
+
+int read_pid(int fd) {
+  char text[64] = {};
+  const ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+  return n > 0 ? std::atoi(text) : 0;
+}
+
+}  // namespace
+
+std::filesystem::path DaemonLock::path_for(const std::filesystem::path& mountpoint) {
+  const std::string& text = mountpoint.native();
+  return runtime_directory() /
+         fmt::format("mount-{:016x}.lock", XXH64(text.data(), text.size(), 0));
+}
+
+DaemonLock::DaemonLock(const std::filesystem::path& mountpoint)
+    : path_(path_for(mountpoint)), mountpoint_(mountpoint) {
+  const std::filesystem::path dir = path_.parent_path();
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw std::system_error(errno, std::generic_category(), "cannot create " + dir.string());
+  }
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+    throw std::runtime_error(
+        fmt::format("{} is not a directory owned by this user; remove it or set XDG_RUNTIME_DIR",
+                    dir.string()));
+  }
+  fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd_ < 0) {
+    throw std::system_error(errno, std::generic_category(), "cannot open " + path_.string());
+  }
+  if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int holder = read_pid(fd_);
+    close(std::exchange(fd_, -1));
+    throw std::runtime_error(fmt::format(
+        "another dsfs daemon (pid {}) is still serving or shutting down {}; wait for it to exit",
+        holder, mountpoint.string()));
+  }
+  record_pid();
+}
+
+void DaemonLock::record_pid() {
+  const std::string note = fmt::format("{}\n{}\n", getpid(), mountpoint_.string());
+  if (ftruncate(fd_, 0) != 0 ||
+      pwrite(fd_, note.data(), note.size(), 0) != static_cast<ssize_t>(note.size())) {
+    spdlog::debug("cannot record the daemon pid in {}", path_.string());
+  }
+}
+
+DaemonLock::~DaemonLock() {
+  if (fd_ < 0) return;
+  // Unlink while still holding the lock, so a waiter never mistakes a stale file for a daemon.
+  unlink(path_.c_str());
+  close(fd_);
+}
+
+bool DaemonLock::wait_released(const std::filesystem::path& mountpoint,
+                               std::chrono::milliseconds wait, int* holder_pid) {
+  const std::filesystem::path path = path_for(mountpoint);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return true;  // no daemon has it
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) return true;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (holder_pid) *holder_pid = read_pid(fd);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace dsfs::fs

@@ -1,0 +1,138 @@
+#pragma once
+// Mounting: checks before a mount, loading the datasets' snapshots, the FUSE session, and an
+// in-process RAII mount (used by tests and by anything embedding dsfs).
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fs/filesystem.h"
+#include "prefetch/dataset_snapshot.h"
+#include "src/catalog/keys.h"
+#include "src/store/redis_url.h"
+
+struct fuse_session;
+
+namespace dsfs::fs {
+
+inline constexpr unsigned kDefaultThreads = 16;
+// The filesystem type the kernel reports for a dsfs mount (`-o subtype=dsfs`).
+inline constexpr std::string_view kMountType = "fuse.dsfs";
+
+// One line of /proc/self/mountinfo, the fields dsfs needs.
+struct MountInfo {
+  std::string mount_point;  // unescaped
+  std::string fs_type;      // e.g. "fuse.dsfs"
+  std::string source;       // e.g. "dsfs"
+  std::string device;       // "major:minor"
+};
+
+// Parses mountinfo text; lines it cannot parse are skipped.
+std::vector<MountInfo> parse_mountinfo(std::string_view text);
+// Undoes the kernel's octal escapes (\040 for a space, ...).
+std::string unescape_mountinfo_field(std::string_view field);
+// The mount at exactly `real_path` (the most recent one if stacked), from /proc/self/mountinfo.
+std::optional<MountInfo> find_mount(const std::filesystem::path& real_path);
+
+// Checks that `path` is an existing directory with nothing mounted on it and returns its
+// canonical form; throws std::runtime_error saying what is wrong otherwise.
+std::filesystem::path check_mountpoint(const std::filesystem::path& path);
+
+// Loads the current generation of each named dataset (every published one when `names` is
+// empty), retrying for up to `connect_wait` while Redis cannot be reached. Throws
+// store::ConnectionError (naming the endpoint), catalog::DatasetNotFound, or
+// std::runtime_error (a dataset name the mount cannot show).
+std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
+                                                     const catalog::KeySchema& keys,
+                                                     const std::vector<std::string>& names,
+                                                     std::chrono::milliseconds connect_wait);
+
+struct SessionOptions {
+  std::filesystem::path mountpoint;
+  std::vector<std::string> fuse_options;  // extra -o options, one per element
+  unsigned threads = kDefaultThreads;
+  bool debug = false;  // libfuse's request tracing
+};
+
+// A mounted FUSE session serving `filesystem`: mounted by the constructor, unmounted and
+// destroyed by the destructor. The filesystem must outlive it.
+class Session {
+ public:
+  Session(Filesystem& filesystem, SessionOptions options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Serves requests on up to options.threads threads until unmounted, exit() or a signal
+  // (with install_signal_handlers). Returns 0, or the signal number that stopped it.
+  int run();
+  void exit();
+  // Unmounts now (the destructor does it otherwise). Idempotent.
+  void unmount();
+  // SIGINT, SIGTERM and SIGHUP end run() (the destructor then unmounts); until destruction.
+  void install_signal_handlers();
+
+  fuse_session* raw() const { return session_; }
+  const std::filesystem::path& mountpoint() const { return options_.mountpoint; }
+
+ private:
+  SessionOptions options_;
+  fuse_session* session_ = nullptr;
+  bool mounted_ = false;
+  bool signal_handlers_ = false;
+};
+
+struct MountOptions {
+  SessionOptions session;
+  FilesystemOptions filesystem;
+};
+
+// An in-process mount: the constructor mounts and serves on a background thread; the
+// destructor unmounts and waits for the serving threads to finish.
+class Mount {
+ public:
+  Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
+        MountOptions options);
+  ~Mount();
+  Mount(const Mount&) = delete;
+  Mount& operator=(const Mount&) = delete;
+
+  Filesystem& filesystem() { return *filesystem_; }
+  const std::filesystem::path& mountpoint() const { return session_->mountpoint(); }
+
+ private:
+  std::unique_ptr<Filesystem> filesystem_;
+  std::unique_ptr<Session> session_;
+  std::future<int> loop_;
+};
+
+// Held by a mount daemon for its whole life, so `dsfs umount` can wait until it has exited:
+// an flock on a file named after the mountpoint in the runtime directory
+// ($XDG_RUNTIME_DIR/dsfs, else /tmp/dsfs-UID).
+class DaemonLock {
+ public:
+  static std::filesystem::path path_for(const std::filesystem::path& mountpoint);
+  // Takes the lock (throws std::runtime_error if another process holds it) and records pid.
+  explicit DaemonLock(const std::filesystem::path& mountpoint);
+  ~DaemonLock();
+  DaemonLock(const DaemonLock&) = delete;
+  DaemonLock& operator=(const DaemonLock&) = delete;
+  // Call in the process that keeps serving (after daemonizing) to record its pid.
+  void record_pid();
+
+  // Waits until no process holds the lock for `mountpoint`, up to `wait`. Returns true when
+  // free (or when there is no lock file: no daemon); false on timeout, with the holder's pid.
+  static bool wait_released(const std::filesystem::path& mountpoint, std::chrono::milliseconds wait,
+                            int* holder_pid);
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path mountpoint_;
+  int fd_ = -1;
+};
+
+}  // namespace dsfs::fs

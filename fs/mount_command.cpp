@@ -1,0 +1,284 @@
+#define FUSE_USE_VERSION 314
+#include "fs/mount_command.h"
+
+#include <fmt/core.h>
+#include <fuse_lowlevel.h>
+#include <spawn.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fs/filesystem.h"
+#include "fs/mount.h"
+#include "src/catalog/keys.h"
+#include "src/store/embedded_server.h"
+
+extern char** environ;
+
+namespace dsfs::fs {
+namespace {
+
+constexpr std::chrono::milliseconds kRedisWait{10000};
+
+struct MountArgs {
+  std::string mountpoint;
+  std::vector<std::string> datasets;
+  std::vector<std::string> fuse_options;
+  bool foreground = false;
+  bool debug_fuse = false;
+  uint64_t cache_bytes = default_cache_bytes();
+  double timeout_s = 30;
+  bool verify = false;
+  unsigned threads = kDefaultThreads;
+  unsigned connections = kDefaultConnections;
+  std::string log_file;
+};
+
+struct UmountArgs {
+  std::string mountpoint;
+  bool lazy = false;
+  double wait_s = 10;
+};
+
+// Units for durations: a bare number is seconds.
+CLI::AsNumberWithUnit duration_units() {
+  return CLI::AsNumberWithUnit(
+      std::map<std::string, double>{{"ms", 0.001}, {"s", 1.0}, {"m", 60.0}, {"min", 60.0}});
+}
+
+std::vector<std::string> split_options(const std::vector<std::string>& lists) {
+  std::vector<std::string> options;
+  for (const std::string& list : lists) {
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t comma = std::min(list.find(',', start), list.size());
+      if (comma > start) options.push_back(list.substr(start, comma - start));
+      start = comma + 1;
+    }
+  }
+  return options;
+}
+
+std::filesystem::path default_log_file(const std::filesystem::path& mountpoint) {
+  const std::string base = mountpoint.filename().empty() ? "root" : mountpoint.filename().string();
+  return store::EmbeddedServer::default_home() / "logs" / fmt::format("mount-{}.log", base);
+}
+
+// Sends every log line to `path` from now on (the daemon's stderr is /dev/null).
+void log_to_file(const std::filesystem::path& path, const std::string& level) {
+  std::filesystem::create_directories(path.parent_path());
+  auto logger = spdlog::basic_logger_mt("dsfs-mount", path.string());
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e [%P] %l %v");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::trace);  // a daemon may be killed; keep every line
+  spdlog::set_default_logger(logger);
+}
+
+void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
+  cli::apply_log_level(global);
+  const std::filesystem::path mountpoint = check_mountpoint(args.mountpoint);
+  if (args.timeout_s <= 0) throw std::invalid_argument("--timeout must be positive");
+  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
+  const catalog::KeySchema keys(global.ns);
+
+  std::vector<prefetch::DatasetSnapshot> datasets =
+      load_datasets(endpoint, keys, args.datasets, kRedisWait);
+  if (datasets.empty()) {
+    spdlog::warn(
+        "no dataset is published in namespace '{}' on {}; the mount shows only .meta "
+        "and .dsfs (ingest one with `dsfs ingest`)",
+        global.ns, endpoint.describe());
+  }
+
+  DaemonLock lock(mountpoint);
+  std::filesystem::path log_file;
+  if (!args.foreground) {
+    log_file =
+        args.log_file.empty() ? default_log_file(mountpoint) : std::filesystem::path(args.log_file);
+    log_to_file(log_file, global.log_level);
+  }
+
+  FilesystemOptions fs_options;
+  fs_options.ns = global.ns;
+  fs_options.cache_bytes = args.cache_bytes;
+  fs_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
+  fs_options.verify = args.verify;
+  fs_options.connections = std::max(args.connections, 1u);
+  const size_t dataset_count = datasets.size();
+  Filesystem filesystem(endpoint, std::move(datasets), fs_options);
+  Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
+                                             .fuse_options = split_options(args.fuse_options),
+                                             .threads = args.threads,
+                                             .debug = args.debug_fuse});
+  spdlog::info("mounted {} dataset(s) from {} (namespace '{}') on {}; cache {} MiB, timeout {} s{}",
+               dataset_count, endpoint.describe(), global.ns, mountpoint.string(),
+               args.cache_bytes >> 20, args.timeout_s, args.verify ? ", verifying checksums" : "");
+
+  if (!args.foreground) {
+    fmt::print(stderr,
+               "dsfs: mounted {} dataset(s) on {}; log: {}; unmount with `dsfs umount {}`\n",
+               dataset_count, mountpoint.string(), log_file.string(), mountpoint.string());
+    std::fflush(nullptr);
+    // The mount is already in place, so the caller can use it as soon as this returns: the
+    // parent exits here, the child serves. No thread or Redis connection exists yet.
+    if (fuse_daemonize(0) != 0) throw std::runtime_error("cannot daemonize (fork failed)");
+    lock.record_pid();
+  }
+  session.install_signal_handlers();
+  const int result = session.run();
+  if (result > 0) {
+    spdlog::info("{} received; unmounting {}", strsignal(result), mountpoint.string());
+  } else if (result < 0) {
+    spdlog::error("the FUSE loop of {} failed: {}", mountpoint.string(), std::strerror(-result));
+  } else {
+    spdlog::info("{} was unmounted; exiting", mountpoint.string());
+  }
+}
+
+// Runs fusermount3 (for users who may not call umount2 themselves); true on success.
+bool run_fusermount(const std::filesystem::path& mountpoint, bool lazy) {
+  std::vector<std::string> argv_strings = {"fusermount3", "-u"};
+  if (lazy) argv_strings.emplace_back("-z");
+  argv_strings.push_back(mountpoint.string());
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawnp(&pid, "fusermount3", nullptr, nullptr, argv.data(), environ) != 0) {
+    throw std::runtime_error("cannot run fusermount3: install Debian's fuse3 package");
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+void run_umount(const UmountArgs& args) {
+  // A dead mount (its daemon killed) cannot be stat()ed, so look it up lexically first.
+  std::filesystem::path mountpoint = std::filesystem::absolute(args.mountpoint).lexically_normal();
+  if (!mountpoint.has_filename() && mountpoint.has_parent_path() && mountpoint != "/") {
+    mountpoint = mountpoint.parent_path();
+  }
+  std::optional<MountInfo> mounted = find_mount(mountpoint);
+  if (!mounted) {
+    std::error_code error;
+    const std::filesystem::path real = std::filesystem::canonical(mountpoint, error);
+    if (error) {
+      throw std::runtime_error(
+          fmt::format("{} is not mounted ({})", mountpoint.string(), error.message()));
+    }
+    mountpoint = real;
+    mounted = find_mount(mountpoint);
+  }
+  if (!mounted) throw std::runtime_error(fmt::format("{} is not mounted", mountpoint.string()));
+  if (mounted->fs_type != kMountType) {
+    throw std::runtime_error(fmt::format("{} is not a dsfs mount (it is {} from {})",
+                                         mountpoint.string(), mounted->fs_type, mounted->source));
+  }
+
+  if (geteuid() == 0) {
+    if (umount2(mountpoint.c_str(), args.lazy ? MNT_DETACH : 0) != 0) {
+      if (errno == EBUSY) {
+        throw std::runtime_error(fmt::format(
+            "{} is busy: a process has a file or its working directory there (see `fuser -vm "
+            "{}`); close them, or detach now with `dsfs umount --lazy`",
+            mountpoint.string(), mountpoint.string()));
+      }
+      throw std::runtime_error(
+          fmt::format("cannot unmount {}: {}", mountpoint.string(), std::strerror(errno)));
+    }
+  } else if (!run_fusermount(mountpoint, args.lazy)) {
+    throw std::runtime_error(fmt::format("fusermount3 could not unmount {} (its message is above)",
+                                         mountpoint.string()));
+  }
+
+  if (args.lazy) {
+    fmt::print(stderr, "dsfs: detached {}; its daemon exits once the files open there are closed\n",
+               mountpoint.string());
+    return;
+  }
+  int holder = 0;
+  const auto wait = std::chrono::milliseconds(static_cast<int64_t>(args.wait_s * 1000));
+  if (!DaemonLock::wait_released(mountpoint, wait, &holder)) {
+    throw std::runtime_error(
+        fmt::format("{} is unmounted, but its dsfs daemon (pid {}) has not exited after {} s",
+                    mountpoint.string(), holder, args.wait_s));
+  }
+}
+
+}  // namespace
+
+void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
+  auto mount_args = std::make_shared<MountArgs>();
+  CLI::App* mount = app.add_subcommand(
+      "mount",
+      "Mount published datasets as a read-only filesystem: MOUNTPOINT/NAME/... for each dataset, "
+      "MOUNTPOINT/.meta/NAME/ for labels and metadata, MOUNTPOINT/.dsfs/stats.json for counters. "
+      "Returns once the mount is ready and keeps serving in the background (-f: in the "
+      "foreground).");
+  mount->add_option("MOUNTPOINT", mount_args->mountpoint, "An existing, empty directory")
+      ->required();
+  mount->add_option("--dataset", mount_args->datasets,
+                    "Mount only this dataset (repeat for several); default: every published one");
+  mount->add_flag("-f,--foreground", mount_args->foreground,
+                  "Stay in the foreground and log to stderr; Ctrl-C unmounts");
+  mount
+      ->add_option("-o", mount_args->fuse_options,
+                   "Extra FUSE mount options, comma-separated (e.g. allow_other)")
+      ->allow_extra_args(false);
+  mount
+      ->add_option("--cache-size", mount_args->cache_bytes,
+                   "Bytes of objects kept in memory (e.g. 512MiB, 4GiB)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  mount
+      ->add_option("--timeout", mount_args->timeout_s,
+                   "How long a read waits for an unreachable Redis before failing with EIO "
+                   "(e.g. 30s, 500ms)")
+      ->transform(duration_units())
+      ->capture_default_str();
+  mount->add_flag("--verify", mount_args->verify,
+                  "Check every file's checksum when it is fetched (a mismatch is EIO)");
+  mount->add_option("--threads", mount_args->threads, "FUSE request threads")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
+  mount->add_option("--connections", mount_args->connections, "Redis connections for reads")
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  mount->add_option("--log-file", mount_args->log_file,
+                    "Where the background daemon logs (default: "
+                    "$DSFS_HOME/logs/mount-<mountpoint name>.log)");
+  mount->add_flag("--debug-fuse", mount_args->debug_fuse,
+                  "Print every FUSE request (libfuse's -d; use with -f)");
+  cli::add_global_options(*mount, global);
+  mount->callback([mount_args, &global] { run_mount(*mount_args, global); });
+
+  auto umount_args = std::make_shared<UmountArgs>();
+  CLI::App* umount =
+      app.add_subcommand("umount", "Unmount a dsfs mount and wait until its daemon has exited");
+  umount->add_option("MOUNTPOINT", umount_args->mountpoint, "Where dsfs is mounted")->required();
+  umount->add_flag("-l,--lazy", umount_args->lazy,
+                   "Detach even if files are open there; the daemon exits once they are closed "
+                   "(no waiting)");
+  umount
+      ->add_option("--wait", umount_args->wait_s,
+                   "How long to wait for the daemon to exit (e.g. 10s)")
+      ->transform(duration_units())
+      ->capture_default_str();
+  umount->callback([umount_args] { run_umount(*umount_args); });
+}
+
+}  // namespace dsfs::fs

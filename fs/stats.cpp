@@ -1,0 +1,122 @@
+#include "fs/stats.h"
+
+#include <nlohmann/json.hpp>
+
+namespace dsfs::fs {
+
+std::string_view op_name(Op op) {
+  switch (op) {
+    case Op::kInit:
+      return "init";
+    case Op::kLookup:
+      return "lookup";
+    case Op::kGetattr:
+      return "getattr";
+    case Op::kOpen:
+      return "open";
+    case Op::kRead:
+      return "read";
+    case Op::kRelease:
+      return "release";
+    case Op::kOpendir:
+      return "opendir";
+    case Op::kReaddir:
+      return "readdir";
+    case Op::kReaddirplus:
+      return "readdirplus";
+    case Op::kReleasedir:
+      return "releasedir";
+    case Op::kStatfs:
+      return "statfs";
+    case Op::kGetxattr:
+      return "getxattr";
+    case Op::kListxattr:
+      return "listxattr";
+    case Op::kWrite:
+      return "write";
+    case Op::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+std::string_view error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kNotFound:
+      return "not_found";
+    case ErrorKind::kReadOnly:
+      return "read_only";
+    case ErrorKind::kIntegrity:
+      return "integrity";
+    case ErrorKind::kUnavailable:
+      return "redis_unavailable";
+    case ErrorKind::kRedisError:
+      return "redis_error";
+    case ErrorKind::kInternal:
+      return "internal";
+    case ErrorKind::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+std::string render_stats_json(const StatsSources& sources) {
+  auto load = [](const std::atomic<uint64_t>& counter) {
+    return counter.load(std::memory_order_relaxed);
+  };
+  nlohmann::ordered_json requests = nlohmann::ordered_json::object();
+  uint64_t total_requests = 0;
+  for (size_t i = 0; i < static_cast<size_t>(Op::kCount); ++i) {
+    const uint64_t n = load(sources.fs.requests[i]);
+    requests[std::string(op_name(static_cast<Op>(i)))] = n;
+    total_requests += n;
+  }
+  nlohmann::ordered_json errors = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < static_cast<size_t>(ErrorKind::kCount); ++i) {
+    errors[std::string(error_kind_name(static_cast<ErrorKind>(i)))] = load(sources.fs.errors[i]);
+  }
+  const prefetch::FetcherStats& f = sources.fetcher;
+  errors["missing_objects"] = load(f.missing);
+  errors["length_mismatches"] = load(f.length_mismatches);
+  errors["checksum_mismatches"] = load(f.checksum_mismatches);
+
+  nlohmann::ordered_json datasets = nlohmann::ordered_json::object();
+  for (const prefetch::DatasetSnapshot& d : sources.datasets) {
+    datasets[d.name()] = {{"generation", d.generation()},
+                          {"files", d.catalog->file_count()},
+                          {"bytes", d.catalog->total_bytes()},
+                          {"catalog_memory_bytes", d.catalog->memory_bytes()}};
+  }
+  const prefetch::CacheStats& c = sources.cache;
+  const double uptime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sources.started).count();
+  nlohmann::ordered_json json = {
+      {"uptime_s", uptime},
+      {"namespace", std::string(sources.ns)},
+      {"redis", std::string(sources.redis_endpoint)},
+      {"requests", requests},
+      {"requests_total", total_requests},
+      {"files_opened", load(sources.fs.files_opened)},
+      {"bytes_read", load(sources.fs.bytes_read)},
+      {"redis_ops",
+       {{"round_trips", load(f.round_trips)},
+        {"gets", load(f.gets)},
+        {"bytes", load(f.bytes)},
+        {"retries", load(f.retries)},
+        {"connects", sources.redis_connects}}},
+      {"errors", errors},
+      {"cache",
+       {{"capacity_bytes", c.capacity_bytes},
+        {"bytes", c.bytes},
+        {"entries", c.entries},
+        {"hits", c.hits},
+        {"misses", c.misses},
+        {"joined", c.joined},
+        {"evictions", c.evictions},
+        {"too_large", c.too_large}}},
+      {"datasets", datasets},
+  };
+  return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace dsfs::fs

@@ -1,0 +1,73 @@
+#pragma once
+// Live counters of a mount, served as MOUNT/.dsfs/stats.json.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "prefetch/dataset_snapshot.h"
+#include "prefetch/object_cache.h"
+#include "prefetch/object_fetcher.h"
+
+namespace dsfs::fs {
+
+enum class Op : uint8_t {
+  kInit,
+  kLookup,
+  kGetattr,
+  kOpen,
+  kRead,
+  kRelease,
+  kOpendir,
+  kReaddir,
+  kReaddirplus,
+  kReleasedir,
+  kStatfs,
+  kGetxattr,
+  kListxattr,
+  kWrite,  // any modifying request; always answered EROFS
+  kCount,
+};
+std::string_view op_name(Op op);
+
+// Why a request failed, for the errors section of stats.json.
+enum class ErrorKind : uint8_t {
+  kNotFound,     // ENOENT from lookup or a stale inode
+  kReadOnly,     // EROFS
+  kIntegrity,    // EIO: missing key, wrong length or checksum
+  kUnavailable,  // EIO: Redis unreachable for the whole timeout
+  kRedisError,   // EIO: Redis answered with an error
+  kInternal,     // EIO: anything else
+  kCount,
+};
+std::string_view error_kind_name(ErrorKind kind);
+
+struct FsCounters {
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Op::kCount)> requests{};
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(ErrorKind::kCount)> errors{};
+  std::atomic<uint64_t> files_opened{0};
+  std::atomic<uint64_t> bytes_read{0};  // bytes of dataset files returned to readers
+
+  void count(Op op) { requests[static_cast<size_t>(op)].fetch_add(1, std::memory_order_relaxed); }
+  void count(ErrorKind kind) {
+    errors[static_cast<size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+struct StatsSources {
+  const FsCounters& fs;
+  const prefetch::FetcherStats& fetcher;
+  prefetch::CacheStats cache;
+  uint64_t redis_connects = 0;
+  const std::vector<prefetch::DatasetSnapshot>& datasets;
+  std::chrono::steady_clock::time_point started;
+  std::string_view redis_endpoint;  // already redacted
+  std::string_view ns;
+};
+
+std::string render_stats_json(const StatsSources& sources);
+
+}  // namespace dsfs::fs

@@ -1,0 +1,33 @@
+#pragma once
+// One immutable object (a file, or one chunk of a large file) as it came from Redis.
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "src/store/connection.h"
+
+namespace dsfs::prefetch {
+
+// Holds the bytes either in its own string or inside the hiredis reply they arrived in, so a
+// fetched object is never copied between the socket buffer and the FUSE reply.
+class ObjectData {
+ public:
+  explicit ObjectData(std::string bytes);
+  // `reply` must be a bulk string reply.
+  explicit ObjectData(store::Reply reply);
+  // Pinned in place: bytes() points into this object.
+  ObjectData(const ObjectData&) = delete;
+  ObjectData& operator=(const ObjectData&) = delete;
+
+  std::string_view bytes() const { return bytes_; }
+  size_t size() const { return bytes_.size(); }
+
+ private:
+  std::string owned_;
+  store::Reply reply_;
+  std::string_view bytes_;
+};
+
+using ObjectBuffer = std::shared_ptr<const ObjectData>;
+
+}  // namespace dsfs::prefetch

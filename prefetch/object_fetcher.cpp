@@ -1,0 +1,185 @@
+#include "prefetch/object_fetcher.h"
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <array>
+#include <utility>
+
+#include "src/store/errors.h"
+
+namespace dsfs::prefetch {
+namespace {
+
+// Replies a restarting Redis gives before it can serve: the data is coming back, so these are
+// retried like a lost connection rather than reported at once.
+bool is_transient_reply(std::string_view message) {
+  return message.starts_with("LOADING") || message.starts_with("BUSY") ||
+         message.starts_with("MASTERDOWN") || message.starts_with("TRYAGAIN");
+}
+
+}  // namespace
+
+ObjectFetcher::ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema keys,
+                             FetcherOptions options)
+    : pool_(pool), keys_(std::move(keys)), options_(options) {}
+
+std::string ObjectFetcher::chunk_key(const DatasetSnapshot& dataset, uint32_t entry,
+                                     uint32_t chunk) const {
+  const catalog::CatalogEntry& e = dataset.catalog->entry(entry);
+  if (dataset.catalog->chunk_count(entry) == 1) {
+    return keys_.object(dataset.name(), dataset.generation(), e.object_id);
+  }
+  return keys_.object_chunk(dataset.name(), dataset.generation(), e.object_id, chunk);
+}
+
+uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t entry,
+                                     uint32_t chunk) {
+  const uint64_t size = catalog.entry(entry).size;
+  const uint64_t count = catalog.chunk_count(entry);
+  if (count == 1) return size;
+  const uint64_t chunk_size = catalog.chunk_size();
+  return chunk + 1 < count ? chunk_size : size - (count - 1) * chunk_size;
+}
+
+std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dataset,
+                                                      uint32_t entry,
+                                                      std::span<const uint32_t> chunks) {
+  std::vector<std::array<std::string, 2>> commands;
+  commands.reserve(chunks.size());
+  for (const uint32_t chunk : chunks) commands.push_back({"GET", chunk_key(dataset, entry, chunk)});
+
+  unsigned attempts = 0;
+  std::vector<store::Reply> replies;
+  const bool was_down = redis_down_.load(std::memory_order_relaxed);
+  try {
+    replies = store::with_retry(was_down ? std::chrono::milliseconds{0} : options_.timeout, [&] {
+      if (attempts++ > 0) stats_.retries.fetch_add(1, std::memory_order_relaxed);
+      std::vector<store::Reply> got;
+      got.reserve(commands.size());
+      store::ConnectionPool::Lease conn = pool_.acquire();
+      store::pipeline(*conn, commands, options_.pipeline_window, [&](size_t, store::Reply& reply) {
+        if (reply.is_error() && is_transient_reply(reply.str())) {
+          // The pool drops a connection with unread replies; retry on a fresh one.
+          throw store::ConnectionError(fmt::format("Redis at {} is not ready: {}",
+                                                   pool_.endpoint().describe(), reply.str()));
+        }
+        got.push_back(std::move(reply));
+      });
+      stats_.round_trips.fetch_add(1, std::memory_order_relaxed);
+      stats_.gets.fetch_add(commands.size(), std::memory_order_relaxed);
+      return got;
+    });
+  } catch (const store::ConnectionError& e) {
+    stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
+    if (!redis_down_.exchange(true)) {
+      spdlog::error(
+          "read of {}/{} failed: Redis unreachable for {} ms ({}); reads fail at once "
+          "until it answers again",
+          dataset.name(), dataset.catalog->path(entry), options_.timeout.count(), e.what());
+    } else {
+      spdlog::debug("read of {}/{} failed: Redis still unreachable: {}", dataset.name(),
+                    dataset.catalog->path(entry), e.what());
+    }
+    throw;
+  }
+  if (redis_down_.exchange(false)) {
+    spdlog::info("Redis at {} answers again", pool_.endpoint().describe());
+  }
+
+  std::vector<ObjectBuffer> buffers;
+  buffers.reserve(replies.size());
+  for (size_t i = 0; i < replies.size(); ++i) {
+    store::Reply& reply = replies[i];
+    const std::string& key = commands[i][1];
+    if (reply.is_error()) {
+      stats_.reply_errors.fetch_add(1, std::memory_order_relaxed);
+      const std::string message =
+          fmt::format("GET {} for {}/{} failed: Redis replied '{}'", key, dataset.name(),
+                      dataset.catalog->path(entry), reply.str());
+      spdlog::error("{}", message);
+      throw store::ReplyError(message);
+    }
+    if (reply.is_nil() || !reply.is_string()) {
+      stats_.missing.fetch_add(1, std::memory_order_relaxed);
+      const std::string message = fmt::format(
+          "object key {} of {}/{} is missing from Redis (dataset removed or "
+          "generation {} garbage-collected? remount to see the current one)",
+          key, dataset.name(), dataset.catalog->path(entry), dataset.generation());
+      spdlog::error("{}", message);
+      throw IntegrityError(IntegrityError::Kind::kMissing, message);
+    }
+    const uint64_t expected = chunk_length(*dataset.catalog, entry, chunks[i]);
+    if (reply.str().size() != expected) {
+      stats_.length_mismatches.fetch_add(1, std::memory_order_relaxed);
+      const std::string message = fmt::format(
+          "object key {} of {}/{} holds {} bytes but the catalogue says {}: refusing to serve it",
+          key, dataset.name(), dataset.catalog->path(entry), reply.str().size(), expected);
+      spdlog::error("{}", message);
+      throw IntegrityError(IntegrityError::Kind::kLength, message);
+    }
+    stats_.bytes.fetch_add(expected, std::memory_order_relaxed);
+    buffers.push_back(std::make_shared<const ObjectData>(std::move(reply)));
+  }
+  return buffers;
+}
+
+void ObjectFetcher::verify_checksum(const DatasetSnapshot& dataset, uint32_t entry,
+                                    std::span<const ObjectBuffer> all_chunks) {
+  const catalog::Catalog& catalog = *dataset.catalog;
+  const uint64_t expected = catalog.entry(entry).checksum;
+  uint64_t actual = 0;
+  switch (catalog.checksum_kind()) {
+    case catalog::ChecksumKind::kNone:
+      return;
+    case catalog::ChecksumKind::kXxh64: {
+      std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
+                                                                       &XXH64_freeState);
+      if (!state) throw std::bad_alloc();
+      XXH64_reset(state.get(), 0);
+      for (const ObjectBuffer& chunk : all_chunks) {
+        XXH64_update(state.get(), chunk->bytes().data(), chunk->size());
+      }
+      actual = XXH64_digest(state.get());
+      break;
+    }
+    case catalog::ChecksumKind::kCrc32c: {
+      uint32_t crc = 0;
+      for (const ObjectBuffer& chunk : all_chunks) {
+        crc = crc32c(crc, chunk->bytes().data(), chunk->size());
+      }
+      actual = crc;
+      break;
+    }
+  }
+  if (actual != expected) {
+    stats_.checksum_mismatches.fetch_add(1, std::memory_order_relaxed);
+    const std::string message = fmt::format(
+        "{}/{} (object {} of generation {}) has checksum {:016x} but the catalogue "
+        "says {:016x}: refusing to serve it",
+        dataset.name(), catalog.path(entry), catalog.entry(entry).object_id, dataset.generation(),
+        actual, expected);
+    spdlog::error("{}", message);
+    throw IntegrityError(IntegrityError::Kind::kChecksum, message);
+  }
+}
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t length) {
+  // No CRC-32C library is installed here; a table-driven loop is plenty for --verify.
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < length; ++i) crc = table[(crc ^ bytes[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+}  // namespace dsfs::prefetch

@@ -1,0 +1,90 @@
+#pragma once
+// Fetches a file's objects from Redis and checks them against the catalogue before anyone
+// sees them: a wrong length, a missing key or (when asked) a wrong checksum is an error, never
+// wrong bytes.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "prefetch/dataset_snapshot.h"
+#include "prefetch/object_data.h"
+#include "src/catalog/keys.h"
+#include "src/store/pool.h"
+
+namespace dsfs::prefetch {
+
+// The stored data does not match the catalogue. Retrying will not help.
+class IntegrityError : public std::runtime_error {
+ public:
+  enum class Kind { kMissing, kLength, kChecksum };
+  IntegrityError(Kind kind, const std::string& message)
+      : std::runtime_error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+struct FetcherOptions {
+  // How long a fetch keeps retrying while Redis is unreachable before it fails.
+  std::chrono::milliseconds timeout{30000};
+  // GETs outstanding at once on one connection when a read needs several chunks.
+  size_t pipeline_window = 8;
+};
+
+struct FetcherStats {
+  std::atomic<uint64_t> round_trips{0};
+  std::atomic<uint64_t> gets{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint64_t> missing{0};
+  std::atomic<uint64_t> length_mismatches{0};
+  std::atomic<uint64_t> checksum_mismatches{0};
+  std::atomic<uint64_t> unavailable{0};   // fetches that failed because Redis was unreachable
+  std::atomic<uint64_t> reply_errors{0};  // Redis answered with an error
+};
+
+class ObjectFetcher {
+ public:
+  ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema keys, FetcherOptions options);
+
+  // GETs chunks `chunks` of file `entry` (pipelined on one connection) and returns them in
+  // that order, each checked for its exact length. Throws IntegrityError, store::ReplyError, or
+  // store::ConnectionError once Redis has been unreachable for the whole timeout (or at the
+  // first failure while an earlier fetch has already waited that long and Redis is not back).
+  std::vector<ObjectBuffer> fetch_chunks(const DatasetSnapshot& dataset, uint32_t entry,
+                                         std::span<const uint32_t> chunks);
+
+  // Checks the catalogue's checksum of file `entry` over all of its chunks, in order. Throws
+  // IntegrityError on a mismatch.
+  void verify_checksum(const DatasetSnapshot& dataset, uint32_t entry,
+                       std::span<const ObjectBuffer> all_chunks);
+
+  // The Redis key and the exact length of chunk `chunk` of file `entry`.
+  std::string chunk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
+  static uint64_t chunk_length(const catalog::Catalog& catalog, uint32_t entry, uint32_t chunk);
+
+  const FetcherStats& stats() const { return stats_; }
+  bool redis_down() const { return redis_down_.load(std::memory_order_relaxed); }
+  const FetcherOptions& options() const { return options_; }
+  store::ConnectionPool& pool() const { return pool_; }
+
+ private:
+  store::ConnectionPool& pool_;
+  catalog::KeySchema keys_;
+  FetcherOptions options_;
+  FetcherStats stats_;
+  // Set when a fetch has waited the whole timeout for Redis, cleared by the next success.
+  // Meanwhile fetches try once instead of waiting again: the kernel re-issues a failed read,
+  // and a loader walking many files would otherwise block a full timeout on every one.
+  std::atomic<bool> redis_down_{false};
+};
+
+// CRC-32C (Castagnoli), for manifests that record it instead of XXH64.
+uint32_t crc32c(uint32_t crc, const void* data, size_t length);
+
+}  // namespace dsfs::prefetch
