@@ -1,0 +1,168 @@
+// Pure logic of the filesystem: inode numbering, mountinfo parsing, the generated .meta files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "fs/filesystem.h"
+#include "fs/inodes.h"
+#include "fs/mount.h"
+#include "fs/virtual_files.h"
+#include "src/catalog/catalog.h"
+
+namespace dsfs::fs {
+namespace {
+
+TEST(Inodes, EntryInodesRoundTrip) {
+  for (const uint32_t dataset : {0u, 1u, 7u, kMaxDatasets - 1}) {
+    for (const uint32_t entry : {0u, 1u, 123456u, UINT32_MAX}) {
+      const InodeRef ref = decode_inode(entry_inode(dataset, entry));
+      EXPECT_EQ(ref.kind, InodeRef::Kind::kEntry);
+      EXPECT_EQ(ref.dataset, dataset);
+      EXPECT_EQ(ref.entry, entry);
+    }
+  }
+}
+
+TEST(Inodes, MetaInodesRoundTripAndNeverCollideWithEntries) {
+  for (const uint32_t dataset : {0u, 5u, kMaxDatasets - 1}) {
+    for (const MetaFile file : {MetaFile::kDirectory, MetaFile::kInfo, MetaFile::kClasses,
+                                MetaFile::kLabels, MetaFile::kMetadata}) {
+      const uint64_t ino = meta_inode(dataset, file);
+      EXPECT_LT(ino, uint64_t{1} << 32);
+      const InodeRef ref = decode_inode(ino);
+      EXPECT_EQ(ref.kind, InodeRef::Kind::kMeta);
+      EXPECT_EQ(ref.dataset, dataset);
+      EXPECT_EQ(ref.meta, file);
+    }
+  }
+}
+
+TEST(Inodes, FixedInodesAndGaps) {
+  EXPECT_EQ(decode_inode(kRootInode).kind, InodeRef::Kind::kRoot);
+  EXPECT_EQ(decode_inode(kMetaDirInode).kind, InodeRef::Kind::kMetaDir);
+  EXPECT_EQ(decode_inode(kControlDirInode).kind, InodeRef::Kind::kControlDir);
+  EXPECT_EQ(decode_inode(kStatsInode).kind, InodeRef::Kind::kStats);
+  EXPECT_EQ(decode_inode(0).kind, InodeRef::Kind::kInvalid);
+  EXPECT_EQ(decode_inode(10).kind, InodeRef::Kind::kInvalid);
+  EXPECT_EQ(decode_inode(16 + 5).kind, InodeRef::Kind::kInvalid);  // slot 5 of dataset 0: unused
+  EXPECT_EQ(decode_inode(UINT64_MAX).kind, InodeRef::Kind::kInvalid);
+}
+
+TEST(Inodes, MetaFileNames) {
+  for (const MetaFile file : kMetaFiles) EXPECT_EQ(meta_file_by_name(meta_file_name(file)), file);
+  EXPECT_EQ(meta_file_by_name("nope.txt"), std::nullopt);
+  EXPECT_EQ(meta_file_by_name(""), std::nullopt);
+}
+
+TEST(Mountinfo, ParsesFieldsAndOptionalTags) {
+  const std::string text =
+      "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+      "98 22 0:52 / /tmp/my\\040mnt rw,nosuid,nodev,relatime shared:50 master:3 - fuse.dsfs dsfs "
+      "rw,user_id=0,group_id=0,default_permissions\n"
+      "garbage line\n"
+      "99 22 0:53 / /x\\134y rw - tmpfs tmp\\040fs rw\n";
+  const std::vector<MountInfo> mounts = parse_mountinfo(text);
+  ASSERT_EQ(mounts.size(), 3u);
+  EXPECT_EQ(mounts[0].mount_point, "/");
+  EXPECT_EQ(mounts[0].fs_type, "ext4");
+  EXPECT_EQ(mounts[1].mount_point, "/tmp/my mnt");
+  EXPECT_EQ(mounts[1].fs_type, "fuse.dsfs");
+  EXPECT_EQ(mounts[1].source, "dsfs");
+  EXPECT_EQ(mounts[1].device, "0:52");
+  EXPECT_EQ(mounts[2].mount_point, "/x\\y");
+  EXPECT_EQ(mounts[2].source, "tmp fs");
+}
+
+TEST(Mountinfo, UnescapeLeavesIncompleteEscapesAlone) {
+  EXPECT_EQ(unescape_mountinfo_field("a\\040b"), "a b");
+  EXPECT_EQ(unescape_mountinfo_field("a\\011b\\012"), "a\tb\n");
+  EXPECT_EQ(unescape_mountinfo_field("end\\04"), "end\\04");
+  EXPECT_EQ(unescape_mountinfo_field("no\\9escape"), "no\\9escape");
+}
+
+TEST(Mountpoint, RejectsMissingAndNonDirectoryPaths) {
+  EXPECT_THROW(check_mountpoint("/nonexistent/dsfs/mountpoint"), std::runtime_error);
+  EXPECT_THROW(check_mountpoint("/proc/self/status"), std::runtime_error);
+  EXPECT_THROW(check_mountpoint("/proc"), std::runtime_error);  // already a mount point
+  try {
+    check_mountpoint("/nonexistent/dsfs/mountpoint");
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("does not exist"));
+  }
+}
+
+TEST(Csv, QuotesOnlyWhenNeeded) {
+  EXPECT_EQ(csv_field("plain/path.jpg"), "plain/path.jpg");
+  EXPECT_EQ(csv_field("with space.jpg"), "with space.jpg");
+  EXPECT_EQ(csv_field("a,b"), "\"a,b\"");
+  EXPECT_EQ(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+  EXPECT_EQ(csv_field("line\nbreak"), "\"line\nbreak\"");
+  EXPECT_EQ(csv_field(""), "");
+}
+
+std::shared_ptr<const catalog::Catalog> sample_catalog() {
+  catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1024);
+  builder.set_classes({"ant", "bee"});
+  builder.add_file("bee/b.jpg", 10, 0, 0644, 2, 1, 0, R"({"w":3,"path":"ignored"})");
+  builder.add_file("ant/a,1.jpg", 20, 0, 0644, 1, 0, 0, "");
+  builder.add_file("loose.txt", 5, 0, 0644, 3, catalog::kNoLabel, 0, R"({"note":"x"})");
+  return std::make_shared<const catalog::Catalog>(std::move(builder).build());
+}
+
+TEST(VirtualFiles, ClassesAndLabels) {
+  const auto catalog = sample_catalog();
+  EXPECT_EQ(render_classes_txt(*catalog), "ant\nbee\n");
+  // Catalogue order: breadth-first, names sorted within a directory.
+  EXPECT_EQ(render_labels_csv(*catalog),
+            "path,label\nloose.txt,\n\"ant/a,1.jpg\",0\nbee/b.jpg,1\n");
+}
+
+TEST(VirtualFiles, MetadataLinesStartWithThePath) {
+  const auto catalog = sample_catalog();
+  EXPECT_EQ(render_metadata_jsonl(*catalog),
+            "{\"path\":\"loose.txt\",\"note\":\"x\"}\n"
+            "{\"path\":\"bee/b.jpg\",\"w\":3}\n");
+}
+
+TEST(VirtualFiles, InfoJson) {
+  prefetch::DatasetSnapshot snapshot;
+  snapshot.catalog = sample_catalog();
+  snapshot.info.name = "bugs";
+  snapshot.info.generation = 4;
+  snapshot.info.created_unix = 0;
+  snapshot.info.source = "/data/bugs";
+  const nlohmann::json info = nlohmann::json::parse(render_info_json(snapshot, "ns1"));
+  EXPECT_EQ(info["name"], "bugs");
+  EXPECT_EQ(info["namespace"], "ns1");
+  EXPECT_EQ(info["generation"], 4);
+  EXPECT_EQ(info["files"], 3);
+  EXPECT_EQ(info["directories"], 3);  // root, ant, bee
+  EXPECT_EQ(info["bytes"], 35);
+  EXPECT_EQ(info["classes"], 2);
+  EXPECT_EQ(info["created"], "1970-01-01T00:00:00Z");
+  EXPECT_EQ(info["chunk_size"], 1024);
+  EXPECT_EQ(info["checksum"], "xxh64");
+}
+
+TEST(Filesystem, DefaultCacheSizeIsBounded) {
+  const uint64_t bytes = default_cache_bytes();
+  EXPECT_GE(bytes, 64ull << 20);
+  EXPECT_LE(bytes, 1ull << 30);
+}
+
+TEST(Filesystem, RejectsDatasetsThatWouldHideTheVirtualDirectories) {
+  prefetch::DatasetSnapshot snapshot;
+  snapshot.catalog = sample_catalog();
+  snapshot.info.name = ".meta";
+  EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot}, FilesystemOptions{}),
+               std::invalid_argument);
+  snapshot.info.name = "twice";
+  EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot, snapshot}, FilesystemOptions{}),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dsfs::fs
