@@ -372,7 +372,9 @@ struct Handlers {
   // ---- requests ----
 
   static void init(void* userdata, fuse_conn_info* conn) {
-    static_cast<Filesystem*>(userdata)->counters_.count(Op::kInit);
+    Filesystem& fs = *static_cast<Filesystem*>(userdata);
+    fs.counters_.count(Op::kInit);
+    if (fs.max_read_ != 0) conn->max_read = fs.max_read_;
     const auto want = [conn](unsigned capability) {
       if (conn->capable & capability) conn->want |= capability;
     };

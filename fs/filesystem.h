@@ -49,6 +49,9 @@ class Filesystem {
   // The request handlers; the session's userdata must be this Filesystem.
   static const fuse_lowlevel_ops& operations();
 
+  // The session's max_read mount option; libfuse insists that init() repeats it.
+  void set_max_read(uint32_t bytes) { max_read_ = bytes; }
+
   const std::vector<prefetch::DatasetSnapshot>& datasets() const { return datasets_; }
   const FilesystemOptions& options() const { return options_; }
   std::string stats_json() const;
@@ -78,6 +81,7 @@ class Filesystem {
   const int64_t mounted_unix_;
   const uint32_t owner_uid_;
   const uint32_t owner_gid_;
+  uint32_t max_read_ = 0;
 };
 
 }  // namespace dsfs::fs

@@ -202,7 +202,11 @@ class FuseArgs {
 Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std::move(options)) {
   std::string mount_options = "ro,fsname=dsfs,subtype=dsfs,default_permissions";
   for (const std::string& option : options_.fuse_options) {
-    if (!option.empty()) mount_options += "," + option;
+    if (option.empty()) continue;
+    mount_options += "," + option;
+    if (option.starts_with("max_read=")) {
+      filesystem.set_max_read(static_cast<uint32_t>(std::strtoul(option.c_str() + 9, nullptr, 10)));
+    }
   }
   std::vector<std::string> args = {"dsfs", "-o", mount_options};
   if (options_.debug) args.emplace_back("-d");

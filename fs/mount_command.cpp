@@ -1,12 +1,13 @@
-#define FUSE_USE_VERSION 314
 #include "fs/mount_command.h"
 
+#include <fcntl.h>
 #include <fmt/core.h>
-#include <fuse_lowlevel.h>
+#include <poll.h>
 #include <spawn.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,9 +20,12 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "fs/filesystem.h"
+#include "fs/inodes.h"
 #include "fs/mount.h"
 #include "src/catalog/keys.h"
 #include "src/store/embedded_server.h"
@@ -32,6 +36,8 @@ namespace dsfs::fs {
 namespace {
 
 constexpr std::chrono::milliseconds kRedisWait{10000};
+// How long `dsfs mount` waits for its daemon to answer a first request.
+constexpr std::chrono::milliseconds kReadyWait{30000};
 
 struct MountArgs {
   std::string mountpoint;
@@ -87,6 +93,51 @@ void log_to_file(const std::filesystem::path& path, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
+// Forks. The parent waits until the child reports the mount serving (exit 0) or failing (exit
+// 1) and never returns; the child detaches from the terminal and gets the descriptor to report
+// on. Unlike fuse_daemonize(), the caller's exit status says whether the mount really works.
+int daemonize_when_ready(const std::filesystem::path& mountpoint,
+                         const std::filesystem::path& log_file, size_t dataset_count) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw std::system_error(errno, std::generic_category(), "cannot create a pipe");
+  }
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) throw std::system_error(errno, std::generic_category(), "cannot fork");
+  if (child > 0) {
+    ::close(fds[1]);
+    pollfd wait_for{.fd = fds[0], .events = POLLIN, .revents = 0};
+    int polled = 0;
+    do {
+      polled = ::poll(&wait_for, 1, static_cast<int>(kReadyWait.count()));
+    } while (polled < 0 && errno == EINTR);
+    char status = 0;
+    if (polled > 0 && ::read(fds[0], &status, 1) == 1 && status == 'R') {
+      fmt::print(stderr,
+                 "dsfs: mounted {} dataset(s) on {}; log: {}; unmount with `dsfs umount {}`\n",
+                 dataset_count, mountpoint.string(), log_file.string(), mountpoint.string());
+      ::_exit(0);  // no destructors: the mount now belongs to the child
+    }
+    if (polled == 0) ::kill(child, SIGTERM);
+    fmt::print(stderr, "dsfs: error: the mount daemon for {} {}; its log is {}\n",
+               mountpoint.string(), polled == 0 ? "did not become ready" : "failed",
+               log_file.string());
+    ::_exit(1);
+  }
+  ::close(fds[0]);
+  ::setsid();
+  if (::chdir("/") != 0) spdlog::debug("cannot chdir to /");
+  const int null_fd = ::open("/dev/null", O_RDWR);
+  if (null_fd >= 0) {
+    ::dup2(null_fd, STDIN_FILENO);
+    ::dup2(null_fd, STDOUT_FILENO);
+    ::dup2(null_fd, STDERR_FILENO);
+    if (null_fd > STDERR_FILENO) ::close(null_fd);
+  }
+  return fds[1];
+}
+
 void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   cli::apply_log_level(global);
   const std::filesystem::path mountpoint = check_mountpoint(args.mountpoint);
@@ -127,22 +178,40 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
                dataset_count, endpoint.describe(), global.ns, mountpoint.string(),
                args.cache_bytes >> 20, args.timeout_s, args.verify ? ", verifying checksums" : "");
 
+  int ready_fd = -1;
   if (!args.foreground) {
-    fmt::print(stderr,
-               "dsfs: mounted {} dataset(s) on {}; log: {}; unmount with `dsfs umount {}`\n",
-               dataset_count, mountpoint.string(), log_file.string(), mountpoint.string());
-    std::fflush(nullptr);
-    // The mount is already in place, so the caller can use it as soon as this returns: the
-    // parent exits here, the child serves. No thread or Redis connection exists yet.
-    if (fuse_daemonize(0) != 0) throw std::runtime_error("cannot daemonize (fork failed)");
+    ready_fd = daemonize_when_ready(mountpoint, log_file, dataset_count);
     lock.record_pid();
   }
   session.install_signal_handlers();
-  const int result = session.run();
+  // Reports readiness once a real request has been answered: stat() of the mount's root only
+  // returns after the kernel's INIT and a GETATTR went through this process.
+  std::thread readiness;
+  if (ready_fd >= 0) {
+    readiness = std::thread([&mountpoint, ready_fd] {
+      struct stat st {};
+      const bool serving = ::stat(mountpoint.c_str(), &st) == 0 && st.st_ino == kRootInode;
+      const char status = serving ? 'R' : 'F';
+      if (::write(ready_fd, &status, 1) != 1) spdlog::debug("the mount command has gone");
+      ::close(ready_fd);
+    });
+  }
+  int result = 0;
+  try {
+    result = session.run();
+  } catch (...) {
+    session.unmount();
+    if (readiness.joinable()) readiness.join();
+    throw;
+  }
+  // Unmount before joining: a stat() still waiting would otherwise wait forever.
+  session.unmount();
+  if (readiness.joinable()) readiness.join();
   if (result > 0) {
-    spdlog::info("{} received; unmounting {}", strsignal(result), mountpoint.string());
+    spdlog::info("{} received; unmounted {}", strsignal(result), mountpoint.string());
   } else if (result < 0) {
     spdlog::error("the FUSE loop of {} failed: {}", mountpoint.string(), std::strerror(-result));
+    throw cli::ExitCode{1};
   } else {
     spdlog::info("{} was unmounted; exiting", mountpoint.string());
   }
