@@ -226,7 +226,10 @@ std::string format_ingest_summary(const std::string& dataset, const IngestResult
   std::string summary = fmt::format(
       "ingested '{}': {} files, {:.1f} MB in {:.2f} s ({:.1f} MB/s), generation {}", dataset,
       format_count(result.files), megabytes, result.seconds, rate, result.generation);
-  if (result.classes > 0) summary += fmt::format(", {} classes", format_count(result.classes));
+  if (result.classes > 0) {
+    summary += fmt::format(", {} {}", format_count(result.classes),
+                           result.classes == 1 ? "class" : "classes");
+  }
   if (result.skipped > 0) summary += fmt::format(", {} skipped", format_count(result.skipped));
   return summary;
 }
