@@ -90,8 +90,15 @@ class IngestMountTest(DsfsTestCase):
         with tarfile.open(tar_path) as t:
             names = {m.name for m in t.getmembers() if m.isfile()}
         self.assertEqual(names, {"imgs/" + r for r in files_under(SOURCE)})
+        # du walks the tree with stat: apparent size = every entry's st_size, files as ingested.
         du = int(run(["du", "-s", "--apparent-size", "-B1", self.ds]).stdout.split()[0])
-        self.assertGreater(du, sum(os.path.getsize(p) for p in files_under(SOURCE).values()))
+        entries = [self.ds] + [os.path.join(d, n) for d, dirs, files in os.walk(self.ds)
+                               for n in dirs + files]
+        self.assertEqual(du, sum(os.lstat(p).st_size for p in entries))
+        self.assertEqual(sum(os.path.getsize(p) for p in files_under(self.ds).values()),
+                         sum(os.path.getsize(p) for p in files_under(SOURCE).values()))
+        blocks = int(run(["du", "-s", "-B1", self.ds]).stdout.split()[0])
+        self.assertGreater(blocks, 0)  # st_blocks is filled in, so du without flags works too
         ls = run(["ls", "-la", os.path.join(self.ds, "class_0001")]).stdout
         self.assertIn("name with spaces.JPEG", ls)
 
