@@ -24,6 +24,8 @@ namespace {
 // Data and tree are immutable for a mount's snapshot, so the kernel may cache them for a day.
 constexpr double kImmutableTimeout = 86400.0;
 constexpr blksize_t kPreferredIoSize = 128 * 1024;
+// What directories report as their size, as on most local filesystems (du counts them).
+constexpr off_t kDirectorySize = 4096;
 
 constexpr std::string_view kLabelXattr = "user.dsfs.label";
 constexpr std::string_view kClassXattr = "user.dsfs.class";
@@ -246,6 +248,8 @@ struct Handlers {
         subdirectories += catalog.entry(c).is_dir;
       }
       st.st_nlink = 2 + subdirectories;
+      st.st_size = kDirectorySize;
+      st.st_blocks = kDirectorySize / 512;
     } else {
       st.st_mode = S_IFREG | file_permissions(e.mode);
       st.st_nlink = 1;
@@ -277,13 +281,15 @@ struct Handlers {
       case InodeRef::Kind::kInvalid:
         return false;
       case InodeRef::Kind::kRoot:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + 2 + dataset_count, 0, fs.mounted_unix_, st);
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + 2 + dataset_count, kDirectorySize,
+                     fs.mounted_unix_, st);
         return true;
       case InodeRef::Kind::kMetaDir:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + dataset_count, 0, fs.mounted_unix_, st);
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + dataset_count, kDirectorySize, fs.mounted_unix_,
+                     st);
         return true;
       case InodeRef::Kind::kControlDir:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2, 0, fs.mounted_unix_, st);
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2, kDirectorySize, fs.mounted_unix_, st);
         return true;
       case InodeRef::Kind::kStats:
         // Served with direct_io, so the size is not needed; its contents change all the time.
@@ -294,7 +300,7 @@ struct Handlers {
         const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
         if (!d) return false;
         if (ref.meta == MetaFile::kDirectory) {
-          stat_virtual(fs, ino, S_IFDIR | 0555, 2, 0, d->info.created_unix, st);
+          stat_virtual(fs, ino, S_IFDIR | 0555, 2, kDirectorySize, d->info.created_unix, st);
         } else {
           const uint64_t size = fs.meta_content(ref.dataset, ref.meta).size();
           stat_virtual(fs, ino, S_IFREG | 0444, 1, size, d->info.created_unix, st);
