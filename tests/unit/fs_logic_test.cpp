@@ -2,6 +2,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -92,6 +97,25 @@ TEST(Mountpoint, RejectsMissingAndNonDirectoryPaths) {
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("does not exist"));
   }
+}
+
+TEST(DaemonLock, UmountCanWaitForTheHolder) {
+  char dir[] = "/tmp/dsfs-lock-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ::setenv("XDG_RUNTIME_DIR", dir, 1);
+  const std::filesystem::path mountpoint = "/some/where/mnt";
+  int holder = 0;
+  EXPECT_TRUE(DaemonLock::wait_released(mountpoint, std::chrono::milliseconds(0), &holder));
+  {
+    DaemonLock lock(mountpoint);
+    EXPECT_FALSE(DaemonLock::wait_released(mountpoint, std::chrono::milliseconds(100), &holder));
+    EXPECT_EQ(holder, ::getpid());
+    EXPECT_THROW(DaemonLock second(mountpoint), std::runtime_error);
+    EXPECT_TRUE(DaemonLock::wait_released("/other/mnt", std::chrono::milliseconds(0), &holder));
+  }
+  EXPECT_TRUE(DaemonLock::wait_released(mountpoint, std::chrono::milliseconds(0), &holder));
+  ::unsetenv("XDG_RUNTIME_DIR");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Csv, QuotesOnlyWhenNeeded) {
