@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "src/catalog/dataset.h"
@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   out["publish_s"] = seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
-  auto loaded = dsfs::catalog::load_catalog(conn, keys, dsfs::catalog::read_info(conn, keys, dataset));
+  auto loaded =
+      dsfs::catalog::load_catalog(conn, keys, dsfs::catalog::read_info(conn, keys, dataset));
   out["load_from_redis_s"] = seconds_since(t0);
   out["loaded_files"] = loaded->file_count();
   std::puts(out.dump().c_str());

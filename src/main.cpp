@@ -1,6 +1,6 @@
 // The dsfs command: registers each subcommand and maps failures to exit statuses.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include "fs/mount_command.h"
 #include "src/cli/common.h"
