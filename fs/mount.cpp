@@ -117,12 +117,179 @@ std::filesystem::path check_mountpoint(const std::filesystem::path& path) {
   return real;
 }
 
+// ---- GenerationLeases --------------------------------------------------------------------------
+
+namespace {
+
+// Short timeouts: a stalled Redis must not hold up an unmount long, and a refresh that fails is
+// simply retried.
+const store::ConnectOptions kLeaseConnect{.connect_timeout = std::chrono::milliseconds{1000},
+                                          .io_timeout = std::chrono::milliseconds{3000}};
+// After a failed refresh, retry after this, doubling up to the normal interval.
+constexpr std::chrono::milliseconds kLeaseFirstRetry{1000};
+
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
+
+}  // namespace
+
+GenerationLeases::GenerationLeases(store::RedisEndpoint endpoint, catalog::KeySchema keys,
+                                   std::chrono::milliseconds ttl)
+    : endpoint_(std::move(endpoint)),
+      keys_(std::move(keys)),
+      ttl_(ttl),
+      reader_id_(catalog::make_reader_id()) {
+  if (ttl_.count() <= 0) {
+    throw std::invalid_argument(
+        fmt::format("the lease ttl must be positive, not {} ms", ttl_.count()));
+  }
+}
+
+GenerationLeases::~GenerationLeases() {
+  release();
+}
+
+catalog::DatasetInfo GenerationLeases::pin_current(store::Connection& conn,
+                                                   const std::string& name) {
+  catalog::DatasetInfo info = catalog::pin_current_generation(conn, keys_, name, reader_id_, ttl_);
+  std::lock_guard lock(mutex_);
+  leases_.push_back(Lease{.name = name, .generation = info.generation});
+  spdlog::debug("dataset '{}': pinned generation {} as reader {} for {} s", name, info.generation,
+                reader_id_, seconds(ttl_));
+  return info;
+}
+
+void GenerationLeases::start_refreshing() {
+  std::lock_guard lock(mutex_);
+  if (refresher_.joinable() || released_ || leases_.empty()) return;
+  refresher_ = std::jthread([this](std::stop_token stop) { refresh_loop(std::move(stop)); });
+}
+
+uint64_t GenerationLeases::refreshes() const {
+  std::lock_guard lock(mutex_);
+  return refreshes_;
+}
+
+store::Connection& GenerationLeases::connection() {
+  if (!conn_ || conn_->broken()) {
+    conn_.reset();
+    conn_.emplace(endpoint_, kLeaseConnect);
+  }
+  return *conn_;
+}
+
+void GenerationLeases::refresh_all() {
+  std::vector<Lease> leases;
+  {
+    std::lock_guard lock(mutex_);
+    leases = leases_;
+  }
+  for (const Lease& lease : leases) {
+    store::Connection& conn = connection();
+    if (!catalog::pin_generation(conn, keys_, lease.name, reader_id_, lease.generation, ttl_)) {
+      continue;  // renewed in time
+    }
+    // The lease was gone: it lapsed (Redis unreachable, or this process stopped, for longer
+    // than the ttl) and GC dropped it, or the dataset was removed. The generation may be gone.
+    const bool exists =
+        conn.command({"SISMEMBER", keys_.generations(lease.name), std::to_string(lease.generation)})
+            .expect_ok("SISMEMBER gens")
+            .integer() > 0;
+    if (exists) {
+      spdlog::warn(
+          "dataset '{}': the lease on generation {} had lapsed (no refresh for over {} s); "
+          "renewed it",
+          lease.name, lease.generation, seconds(ttl_));
+      continue;
+    }
+    catalog::unpin_generation(conn, keys_, lease.name, reader_id_, lease.generation);
+    {
+      std::lock_guard lock(mutex_);
+      std::erase_if(leases_, [&](const Lease& l) {
+        return l.name == lease.name && l.generation == lease.generation;
+      });
+    }
+    spdlog::error(
+        "dataset '{}': generation {}, which this mount serves, is gone (removed with `dsfs rm`, "
+        "or collected while the mount's lease had lapsed); reads of files not yet cached fail "
+        "with EIO; remount to serve the current generation",
+        lease.name, lease.generation);
+  }
+  std::lock_guard lock(mutex_);
+  ++refreshes_;
+}
+
+void GenerationLeases::refresh_loop(std::stop_token stop) {
+  const auto interval = std::max(ttl_ / 3, std::chrono::milliseconds{1});
+  auto wait = interval;
+  unsigned failures = 0;
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      // Sleeps until the next refresh, or returns at once when release() asks to stop.
+      wake_.wait_for(lock, stop, wait, [] { return false; });
+    }
+    if (stop.stop_requested()) return;
+    try {
+      refresh_all();
+      if (failures > 0) spdlog::info("lease refreshes work again after {} failure(s)", failures);
+      failures = 0;
+      wait = interval;
+    } catch (const std::exception& e) {
+      // Never fatal: the mount keeps serving from its snapshot, and the leases stay valid for
+      // up to ttl after the last refresh that worked.
+      conn_.reset();
+      wait = std::min(interval, kLeaseFirstRetry * (1u << std::min(failures, 10u)));
+      ++failures;
+      spdlog::warn("cannot refresh this mount's leases on its generations ({}); retrying in {} s",
+                   e.what(), seconds(std::chrono::duration_cast<std::chrono::milliseconds>(wait)));
+    }
+  }
+}
+
+void GenerationLeases::release() {
+  if (refresher_.joinable()) {
+    refresher_.request_stop();
+    refresher_.join();
+  }
+  std::vector<Lease> leases;
+  {
+    std::lock_guard lock(mutex_);
+    if (released_) return;
+    released_ = true;
+    leases.swap(leases_);
+  }
+  size_t released = 0;
+  for (const Lease& lease : leases) {
+    try {
+      catalog::unpin_generation(connection(), keys_, lease.name, reader_id_, lease.generation);
+      ++released;
+    } catch (const store::ConnectionError& e) {
+      // Redis is away: the others would fail the same way, each after a timeout.
+      spdlog::warn(
+          "cannot release this mount's leases on {} generation(s) ({}); they expire "
+          "within {} s",
+          leases.size() - released, e.what(), seconds(ttl_));
+      break;
+    } catch (const std::exception& e) {
+      spdlog::warn(
+          "dataset '{}': cannot release this mount's lease on generation {} ({}); it expires "
+          "within {} s",
+          lease.name, lease.generation, e.what(), seconds(ttl_));
+    }
+  }
+  if (released > 0) spdlog::debug("released {} lease(s) of reader {}", released, reader_id_);
+  conn_.reset();
+}
+
 // ---- loading ----------------------------------------------------------------------------------
 
 std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
                                                      const catalog::KeySchema& keys,
                                                      const std::vector<std::string>& names,
-                                                     std::chrono::milliseconds connect_wait) {
+                                                     std::chrono::milliseconds connect_wait,
+                                                     GenerationLeases* leases) {
   const store::ConnectOptions connect{.connect_timeout = std::chrono::milliseconds{2000},
                                       .io_timeout = std::chrono::milliseconds{30000}};
   std::optional<store::Connection> conn;
@@ -160,7 +327,9 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
     }
     prefetch::DatasetSnapshot snapshot;
     snapshot.index = static_cast<uint32_t>(datasets.size());
-    snapshot.info = catalog::read_info(*conn, keys, name);
+    // Pinned before loading: from here on no re-ingest's GC can delete what the mount serves.
+    snapshot.info =
+        leases ? leases->pin_current(*conn, name) : catalog::read_info(*conn, keys, name);
     const auto started = std::chrono::steady_clock::now();
     snapshot.catalog = catalog::load_catalog(*conn, keys, snapshot.info);
     spdlog::info(

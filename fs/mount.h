@@ -1,10 +1,13 @@
 #pragma once
-// Mounting: checks before a mount, loading the datasets' snapshots, the FUSE session, and an
-// in-process RAII mount (used by tests and by anything embedding dsfs).
+// Mounting: checks before a mount, the leases that keep the mounted generations from being
+// collected, loading the datasets' snapshots, the FUSE session, and an in-process RAII mount
+// (used by tests and by anything embedding dsfs).
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -13,6 +16,7 @@
 #include "fs/filesystem.h"
 #include "prefetch/dataset_snapshot.h"
 #include "src/catalog/keys.h"
+#include "src/store/connection.h"
 #include "src/store/redis_url.h"
 
 struct fuse_session;
@@ -42,14 +46,70 @@ std::optional<MountInfo> find_mount(const std::filesystem::path& real_path);
 // canonical form; throws std::runtime_error saying what is wrong otherwise.
 std::filesystem::path check_mountpoint(const std::filesystem::path& path);
 
+// How long a mount's lease on a generation lasts without a refresh (a crashed mount pins its
+// generations this long at most); it is refreshed every third of that.
+inline constexpr std::chrono::milliseconds kDefaultLeaseTtl{60000};
+
+// A mount's leases on the generations it serves (catalog::pin_generation), so garbage collection
+// keeps them however many times the datasets are re-ingested. load_datasets pins each dataset
+// before loading it; start_refreshing() renews every lease every ttl/3 from a background thread
+// (a failure, e.g. Redis down, is logged and retried, never fatal); release() or the destructor
+// unpins them. A mount that dies without releasing stops renewing and its leases expire.
+class GenerationLeases {
+ public:
+  GenerationLeases(store::RedisEndpoint endpoint, catalog::KeySchema keys,
+                   std::chrono::milliseconds ttl = kDefaultLeaseTtl);
+  ~GenerationLeases();  // release()
+  GenerationLeases(const GenerationLeases&) = delete;
+  GenerationLeases& operator=(const GenerationLeases&) = delete;
+
+  // Pins the current generation of `name` (catalog::pin_current_generation) and returns its
+  // info; the lease is then renewed and released by this object.
+  catalog::DatasetInfo pin_current(store::Connection& conn, const std::string& name);
+  // Starts renewing. Call once this process will not fork any more: threads do not survive it.
+  void start_refreshing();
+  // Stops renewing and unpins every lease, best effort: a failure is logged and that lease
+  // expires after ttl instead. Idempotent.
+  void release();
+
+  const std::string& reader_id() const { return reader_id_; }
+  std::chrono::milliseconds ttl() const { return ttl_; }
+  // Refresh rounds completed (every lease renewed), for tests.
+  uint64_t refreshes() const;
+
+ private:
+  struct Lease {
+    std::string name;
+    uint64_t generation = 0;
+  };
+  void refresh_loop(std::stop_token stop);
+  // Renews every lease once on conn_; throws if Redis cannot be reached.
+  void refresh_all();
+  store::Connection& connection();
+
+  store::RedisEndpoint endpoint_;
+  catalog::KeySchema keys_;
+  std::chrono::milliseconds ttl_;
+  std::string reader_id_;
+  mutable std::mutex mutex_;  // guards leases_, refreshes_
+  std::condition_variable_any wake_;
+  std::vector<Lease> leases_;
+  uint64_t refreshes_ = 0;
+  std::optional<store::Connection> conn_;  // the refresher's, then release()'s
+  std::jthread refresher_;
+  bool released_ = false;
+};
+
 // Loads the current generation of each named dataset (every published one when `names` is
-// empty), retrying for up to `connect_wait` while Redis cannot be reached. Throws
-// store::ConnectionError (naming the endpoint), catalog::DatasetNotFound, or
-// std::runtime_error (a dataset name the mount cannot show).
+// empty), retrying for up to `connect_wait` while Redis cannot be reached. With `leases`, each
+// generation is pinned before its catalogue is loaded, so no garbage collection can delete it
+// while the mount lives. Throws store::ConnectionError (naming the endpoint),
+// catalog::DatasetNotFound, or std::runtime_error (a dataset name the mount cannot show).
 std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
                                                      const catalog::KeySchema& keys,
                                                      const std::vector<std::string>& names,
-                                                     std::chrono::milliseconds connect_wait);
+                                                     std::chrono::milliseconds connect_wait,
+                                                     GenerationLeases* leases = nullptr);
 
 struct SessionOptions {
   std::filesystem::path mountpoint;

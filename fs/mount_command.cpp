@@ -47,6 +47,7 @@ struct MountArgs {
   bool debug_fuse = false;
   uint64_t cache_bytes = default_cache_bytes();
   double timeout_s = 30;
+  double lease_ttl_s = static_cast<double>(kDefaultLeaseTtl.count()) / 1000.0;
   bool verify = false;
   unsigned threads = kDefaultThreads;
   unsigned connections = kDefaultConnections;
@@ -142,11 +143,16 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   cli::apply_log_level(global);
   const std::filesystem::path mountpoint = check_mountpoint(args.mountpoint);
   if (args.timeout_s <= 0) throw std::invalid_argument("--timeout must be positive");
+  if (args.lease_ttl_s < 1) throw std::invalid_argument("--lease-ttl must be at least 1s");
   const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
 
+  // Pins every generation the mount serves so re-ingests cannot collect it; released at the
+  // end of a clean unmount, expired after the ttl if this process dies.
+  GenerationLeases leases(endpoint, keys,
+                          std::chrono::milliseconds(static_cast<int64_t>(args.lease_ttl_s * 1000)));
   std::vector<prefetch::DatasetSnapshot> datasets =
-      load_datasets(endpoint, keys, args.datasets, kRedisWait);
+      load_datasets(endpoint, keys, args.datasets, kRedisWait, &leases);
   if (datasets.empty()) {
     spdlog::warn(
         "no dataset is published in namespace '{}' on {}; the mount shows only .meta "
@@ -183,6 +189,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     ready_fd = daemonize_when_ready(mountpoint, log_file, dataset_count);
     lock.record_pid();
   }
+  leases.start_refreshing();  // after the fork: the thread must run in the daemon
   session.install_signal_handlers();
   // Reports readiness once a real request has been answered: stat() of the mount's root only
   // returns after the kernel's INIT and a GETATTR went through this process.
@@ -202,11 +209,14 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   } catch (...) {
     session.unmount();
     if (readiness.joinable()) readiness.join();
+    leases.release();
     throw;
   }
   // Unmount before joining: a stat() still waiting would otherwise wait forever.
   session.unmount();
   if (readiness.joinable()) readiness.join();
+  // Before the daemon lock goes: once `dsfs umount` returns, an ingest may collect them.
+  leases.release();
   if (result > 0) {
     spdlog::info("{} received; unmounted {}", strsignal(result), mountpoint.string());
   } else if (result < 0) {
@@ -317,6 +327,12 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       ->add_option("--timeout", mount_args->timeout_s,
                    "How long a read waits for an unreachable Redis before failing with EIO "
                    "(e.g. 30s, 500ms)")
+      ->transform(duration_units())
+      ->capture_default_str();
+  mount
+      ->add_option("--lease-ttl", mount_args->lease_ttl_s,
+                   "How long the mount's hold on the generations it serves outlives it if it "
+                   "dies without unmounting; renewed every third of it (e.g. 60s)")
       ->transform(duration_units())
       ->capture_default_str();
   mount->add_flag("--verify", mount_args->verify,

@@ -3,13 +3,17 @@
 #include <fmt/core.h>
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <climits>
+#include <cstdio>
 #include <map>
+#include <random>
 
 #include "src/catalog/manifest.h"
 #include "src/catalog/names.h"
@@ -23,6 +27,8 @@ constexpr size_t kManifestWriteWindow = 4;  // 8 MiB values: a few in flight is 
 constexpr size_t kManifestReadWindow = 4;
 constexpr uint64_t kMaxManifestChunks = 1u << 16;  // 512 GiB of manifest: beyond is corruption
 constexpr uint64_t kMaxRedisStringBytes = 512ull << 20;
+// pin_current_generation gives up after this many publishes racing with it.
+constexpr int kMaxPinAttempts = 10;
 
 std::string hex64(uint64_t value) {
   return fmt::format("{:016x}", value);
@@ -107,6 +113,29 @@ bool manifest_exists(store::Connection& conn, const KeySchema& keys, const std::
   return conn.command({"EXISTS", keys.manifest_chunk(name, gen, 0)})
              .expect_ok("EXISTS manifest")
              .integer() > 0;
+}
+
+// Milliseconds since the epoch by the Redis server's clock, so that leases written and checked
+// from different hosts agree on when they expire whatever the hosts' clocks say.
+int64_t server_time_ms(store::Connection& conn) {
+  const store::Reply time = conn.command({"TIME"});
+  time.expect_ok("TIME");
+  if (time.size() != 2) throw store::ReplyError("TIME: unexpected reply shape");
+  int64_t parts[2] = {0, 0};  // seconds, microseconds
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string_view text = store::Reply::element_str(time.element(i));
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parts[i]);
+    if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+      throw store::ReplyError(fmt::format("TIME: '{}' is not a number", text));
+    }
+  }
+  return parts[0] * 1000 + parts[1] / 1000;
+}
+
+// A lease's member in the readers set; the generation comes first so GC can parse it whatever
+// characters the reader id holds.
+std::string lease_member(uint64_t gen, std::string_view reader_id) {
+  return fmt::format("{}:{}", gen, reader_id);
 }
 
 }  // namespace
@@ -363,14 +392,21 @@ uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const s
     }
     generations.push_back(gen);
   }
+  // Read after info: a reader that pinned the then-current generation before this point is
+  // seen here, and one pinning later pins a generation >= info.generation, never collected.
+  const std::set<uint64_t> pinned = pinned_generations(conn, keys, name);
   // Newer generations than the current one belong to ingests still running (or failed ones,
-  // collected after the next publish). Of the older ones, the newest `keep_previous` that were
-  // published (have a manifest) stay for mounted readers still holding them.
+  // collected after the next publish). Of the older ones, those pinned by a live reader's lease
+  // stay, and so do the newest `keep_previous` published ones (readers without a lease).
   std::sort(generations.rbegin(), generations.rend());
   uint64_t deleted = 0;
   unsigned kept = 0;
   for (const uint64_t gen : generations) {
     if (gen >= info.generation) continue;
+    if (pinned.contains(gen)) {
+      spdlog::debug("dataset '{}': keeping generation {}, pinned by a mounted reader", name, gen);
+      continue;
+    }
     if (kept < keep_previous && manifest_exists(conn, keys, name, gen)) {
       ++kept;
       continue;
@@ -388,7 +424,8 @@ uint64_t remove_dataset(store::Connection& conn, const KeySchema& keys, const st
                         const std::function<void(uint64_t)>& progress) {
   validate_dataset_name(name);
   // Anything left by a publish, a failed ingest or an interrupted rm counts as existing.
-  conn.append({"EXISTS", keys.info(name), keys.generations(name), keys.next_generation(name)});
+  conn.append({"EXISTS", keys.info(name), keys.generations(name), keys.next_generation(name),
+               keys.readers(name)});
   conn.append({"SISMEMBER", keys.datasets(), name});
   const store::Reply exists = conn.read_reply();
   const store::Reply member = conn.read_reply();
@@ -399,16 +436,104 @@ uint64_t remove_dataset(store::Connection& conn, const KeySchema& keys, const st
   uint64_t deleted = 0;
   unlink_matching(conn, keys.dataset_objects_pattern(name), deleted, progress);
   unlink_matching(conn, keys.dataset_manifests_pattern(name), deleted, progress);
-  deleted += static_cast<uint64_t>(
-      conn.command({"UNLINK", keys.generations(name), keys.next_generation(name)})
-          .expect_ok("UNLINK gens")
-          .integer());
+  deleted += static_cast<uint64_t>(conn.command({"UNLINK", keys.generations(name),
+                                                 keys.next_generation(name), keys.readers(name)})
+                                       .expect_ok("UNLINK gens")
+                                       .integer());
   conn.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
   // The info hash goes last: while it exists, an interrupted rm can simply be run again.
   deleted += static_cast<uint64_t>(
       conn.command({"UNLINK", keys.info(name)}).expect_ok("UNLINK info").integer());
   if (progress) progress(deleted);
   return deleted;
+}
+
+std::string make_reader_id() {
+  std::array<char, HOST_NAME_MAX + 1> host{};
+  if (gethostname(host.data(), host.size() - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host.data(), host.size(), "unknown-host");
+  }
+  std::random_device random;
+  return fmt::format("{}:{}:{:08x}", host.data(), getpid(), random());
+}
+
+bool pin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                    const std::string& reader_id, uint64_t gen, std::chrono::milliseconds ttl) {
+  validate_dataset_name(name);
+  if (reader_id.empty()) throw std::invalid_argument("pin_generation: empty reader id");
+  if (ttl.count() <= 0) {
+    throw std::invalid_argument(
+        fmt::format("pin_generation: lease ttl must be positive, not {} ms", ttl.count()));
+  }
+  const int64_t expiry = server_time_ms(conn) + ttl.count();
+  const long long added = conn.command({"ZADD", keys.readers(name), std::to_string(expiry),
+                                        lease_member(gen, reader_id)})
+                              .expect_ok(fmt::format("ZADD {}", keys.readers(name)))
+                              .integer();
+  return added > 0;
+}
+
+void unpin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                      const std::string& reader_id, uint64_t gen) {
+  validate_dataset_name(name);
+  conn.command({"ZREM", keys.readers(name), lease_member(gen, reader_id)})
+      .expect_ok(fmt::format("ZREM {}", keys.readers(name)));
+}
+
+DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& keys,
+                                   const std::string& name, const std::string& reader_id,
+                                   std::chrono::milliseconds ttl) {
+  DatasetInfo info = read_info(conn, keys, name);
+  for (int attempt = 1;; ++attempt) {
+    pin_generation(conn, keys, name, reader_id, info.generation, ttl);
+    DatasetInfo now;
+    try {
+      now = read_info(conn, keys, name);
+    } catch (...) {
+      try {  // removed meanwhile (or Redis went away): do not leave the lease behind
+        unpin_generation(conn, keys, name, reader_id, info.generation);
+      } catch (const std::exception& e) {
+        spdlog::debug("dataset '{}': cannot unpin generation {}: {}", name, info.generation,
+                      e.what());
+      }
+      throw;
+    }
+    // Still current after the pin: no collection, past or future, can delete it.
+    if (now.generation == info.generation) return now;
+    unpin_generation(conn, keys, name, reader_id, info.generation);
+    if (attempt >= kMaxPinAttempts) {
+      throw std::runtime_error(
+          fmt::format("dataset '{}': {} generations were published while pinning one; try again",
+                      name, attempt));
+    }
+    info = std::move(now);
+  }
+}
+
+std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& keys,
+                                      const std::string& name) {
+  validate_dataset_name(name);
+  const std::string key = keys.readers(name);
+  const std::string now = std::to_string(server_time_ms(conn));
+  // An expiry at or before now has lapsed: drop those, then list the rest.
+  conn.append({"ZREMRANGEBYSCORE", key, "-inf", now});
+  conn.append({"ZRANGEBYSCORE", key, "(" + now, "+inf"});
+  const store::Reply dropped = conn.read_reply();
+  const store::Reply live = conn.read_reply();
+  const long long expired = dropped.expect_ok(fmt::format("ZREMRANGEBYSCORE {}", key)).integer();
+  if (expired > 0) spdlog::debug("dataset '{}': dropped {} expired lease(s)", name, expired);
+  std::set<uint64_t> pinned;
+  for (const std::string& member : string_elements(live, fmt::format("ZRANGEBYSCORE {}", key))) {
+    const std::string_view text = std::string_view(member).substr(0, member.find(':'));
+    uint64_t gen = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), gen);
+    if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+      spdlog::warn("dataset '{}': ignoring lease '{}' in {}: not GEN:READER", name, member, key);
+      continue;
+    }
+    pinned.insert(gen);
+  }
+  return pinned;
 }
 
 }  // namespace dsfs::catalog

@@ -1,9 +1,12 @@
 #pragma once
 // Dataset-level operations on Redis: list, info, load a generation's catalogue, publish a new
-// generation atomically, remove, and garbage-collect old generations.
+// generation atomically, remove, garbage-collect old generations, and the readers' leases that
+// keep a generation from being collected while it is mounted.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,14 +60,47 @@ uint64_t begin_generation(store::Connection& conn, const KeySchema& keys, const 
 void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
              const Catalog& catalog);
 
-// Deletes keys of every generation of `name` except the current one and `keep_previous` ones
-// before it (a mounted reader keeps its snapshot), in SCAN+UNLINK batches.
-// Returns keys deleted.
+// Deletes keys of every generation of `name` except the current one, `keep_previous` published
+// ones before it, and any generation pinned by an unexpired lease (pinned_generations, which
+// also drops expired leases), in SCAN+UNLINK batches. Returns keys deleted.
 uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const std::string& name,
                          unsigned keep_previous = 1);
 
-// Removes every key of the dataset (info, manifests, objects of all generations) in batches,
-// and its name from the datasets set. Throws DatasetNotFound if it does not exist.
+// ---- Leases ------------------------------------------------------------------------------------
+// A reader serving a generation (a mount) holds a lease on it in NS:{NAME}:readers, a sorted set
+// whose members are "GEN:READER_ID" scored by their expiry in milliseconds of the Redis server's
+// clock (TIME), so hosts with skewed clocks agree. GC keeps every generation with an unexpired
+// lease; a reader that dies without unpinning stops refreshing, and its lease expires after ttl.
+
+// A reader id unique to this process and call: "HOST:PID:RANDOM".
+std::string make_reader_id();
+
+// Pins generation `gen` of `name` for `reader_id` until ttl from now (server time), or extends
+// that lease (refresh). Returns true if the lease did not exist before: a first pin, or a lease
+// that had expired and been dropped by GC, which may have collected the generation since.
+// Two round trips (TIME, ZADD). Throws std::invalid_argument for an empty id or a ttl <= 0.
+bool pin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                    const std::string& reader_id, uint64_t gen, std::chrono::milliseconds ttl);
+
+// Drops the lease of `reader_id` on `gen` (no error if there is none).
+void unpin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                      const std::string& reader_id, uint64_t gen);
+
+// Reads info and pins its current generation for `reader_id`, re-reading until the pinned
+// generation is still current: generations only grow and GC never touches the current one, so
+// no collection, even one already running, can delete it. Returns the info pinned.
+// Throws like read_info, or std::runtime_error if the dataset keeps changing.
+DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& keys,
+                                   const std::string& name, const std::string& reader_id,
+                                   std::chrono::milliseconds ttl);
+
+// Generations pinned by unexpired leases; drops the expired ones (entries it cannot parse are
+// ignored and left alone). Two round trips (TIME, then ZREMRANGEBYSCORE + ZRANGEBYSCORE).
+std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& keys,
+                                      const std::string& name);
+
+// Removes every key of the dataset (info, manifests, objects of all generations, leases) in
+// batches, and its name from the datasets set. Throws DatasetNotFound if it does not exist.
 // progress(keys_deleted) is called after each batch.
 uint64_t remove_dataset(store::Connection& conn, const KeySchema& keys, const std::string& name,
                         const std::function<void(uint64_t)>& progress = {});

@@ -14,8 +14,8 @@ std::string KeySchema::datasets() const {
   return fmt::format("{}:datasets", ns_);
 }
 
-// {name} is a Redis Cluster hash tag: info, gens, nextgen and manifest chunks share one slot, so
-// the publishing MULTI/EXEC touches one shard.
+// {name} is a Redis Cluster hash tag: info, gens, nextgen, readers and manifest chunks share one
+// slot, so the publishing MULTI/EXEC touches one shard.
 std::string KeySchema::info(std::string_view name) const {
   return fmt::format("{}:{{{}}}:info", ns_, name);
 }
@@ -26,6 +26,10 @@ std::string KeySchema::generations(std::string_view name) const {
 
 std::string KeySchema::next_generation(std::string_view name) const {
   return fmt::format("{}:{{{}}}:nextgen", ns_, name);
+}
+
+std::string KeySchema::readers(std::string_view name) const {
+  return fmt::format("{}:{{{}}}:readers", ns_, name);
 }
 
 std::string KeySchema::manifest_chunk(std::string_view name, uint64_t gen, uint64_t index) const {

@@ -189,6 +189,68 @@ class IngestMountTest(DsfsTestCase):
         run(["diff", "-r", changed, os.path.join(mnt2, "imgs")])
         self.umount(mnt2)
 
+    def test_two_reingests_keep_the_mounted_generation(self):
+        # Nothing is read before the re-ingests, so every byte below comes from Redis, from
+        # the generation loaded at mount: with keep-generations 1 alone, the second ingest's
+        # GC would delete it and the reads would fail with EIO.
+        gen = int(self.redis.cli("HGET", "dsfs:{imgs}:info", "generation").strip())
+        leases = self.redis.cli("ZRANGE", "dsfs:{imgs}:readers", "0", "-1").split()
+        self.assertEqual(len(leases), 1, leases)
+        self.assertTrue(leases[0].startswith(f"{gen}:"), leases)
+
+        def objects_of(generation):
+            return self.redis.cli("--scan", "--pattern", f"dsfs:imgs:{generation}:o:*").split()
+
+        def manifests_of(generation):
+            return self.redis.cli("--scan", "--pattern",
+                                  f"dsfs:{{imgs}}:manifest:{generation}:*").split()
+
+        original_objects = len(objects_of(gen))
+        self.assertGreater(original_objects, 0)
+        for round_ in (1, 2):
+            changed = os.path.join(self.tmp, f"changed{round_}")
+            shutil.copytree(SOURCE, changed)
+            with open(os.path.join(changed, "class_0000", "big.bin"), "wb") as f:
+                f.write(b"round %d " % round_ * 1000)
+            jpeg = sorted(files_under(os.path.join(changed, "class_0001")).values())[0]
+            with open(jpeg, "ab") as f:
+                f.write(b"changed")
+            self.dsfs("ingest", changed, "--dataset", "imgs")
+        self.assertEqual(int(self.redis.cli("HGET", "dsfs:{imgs}:info", "generation")), gen + 2)
+        self.assertEqual(len(objects_of(gen)), original_objects)
+        run(["diff", "-r", SOURCE, self.ds])
+
+        # Unmounting releases the lease: the next ingest collects the old generation (and the
+        # one after it, beyond --keep-generations 1).
+        self.umount(self.mnt)
+        self.assertEqual(self.redis.cli("EXISTS", "dsfs:{imgs}:readers").strip(), "0")
+        self.dsfs("ingest", SOURCE, "--dataset", "imgs")
+        for old in (gen, gen + 1):
+            self.assertEqual(objects_of(old), [], f"generation {old} was not collected")
+            self.assertEqual(manifests_of(old), [], f"generation {old} was not collected")
+        self.assertGreater(len(objects_of(gen + 2)), 0)  # the previous one is kept
+        self.assertEqual(sorted(self.redis.cli("SMEMBERS", "dsfs:{imgs}:gens").split()),
+                         sorted([str(gen + 2), str(gen + 3)]))
+
+    def test_killed_mount_pins_only_until_its_lease_expires(self):
+        self.umount(self.mnt)
+        mnt = self.mount("--lease-ttl", "1s", name="short")
+        gen = int(self.redis.cli("HGET", "dsfs:{imgs}:info", "generation").strip())
+        scan = ("--scan", "--pattern", f"dsfs:imgs:{gen}:o:*")
+        # Outliving its ttl twice over, the lease is kept alive by the daemon's refresher.
+        time.sleep(2.5)
+        for _ in range(2):
+            self.dsfs("ingest", os.path.join(SOURCE, "class_0002"), "--dataset", "imgs")
+        self.assertNotEqual(self.redis.cli(*scan).split(), [])
+        run(["diff", "-r", SOURCE, os.path.join(mnt, "imgs")])
+        # A daemon killed without unmounting stops refreshing: after the ttl, GC may collect.
+        pid = int(run(["pgrep", "-f", f"dsfs mount {mnt}"]).stdout.split()[0])
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.5)
+        self.dsfs("ingest", os.path.join(SOURCE, "class_0001"), "--dataset", "imgs")
+        self.assertEqual(self.redis.cli(*scan).split(), [])
+        self.assertEqual(self.redis.cli("EXISTS", "dsfs:{imgs}:readers").strip(), "0")
+
     def test_sigterm_unmounts(self):
         pid = int(run(["pgrep", "-f", f"dsfs mount {self.mnt}"]).stdout.split()[0])
         os.kill(pid, signal.SIGTERM)

@@ -367,9 +367,100 @@ TEST_F(DatasetTest, GarbageCollectionKeepsCurrentAndPreviousPublished) {
             neighbour_keys);
 }
 
+TEST_F(DatasetTest, PinnedGenerationSurvivesGarbageCollection) {
+  const DatasetInfo g1 = ingest("ds", sample_catalog(1));
+  EXPECT_TRUE(pin_generation(*conn_, keys_, "ds", "mount-a", g1.generation, 60s));
+  EXPECT_FALSE(pin_generation(*conn_, keys_, "ds", "mount-a", g1.generation, 60s));  // refresh
+  const DatasetInfo g2 = ingest("ds", sample_catalog(2));
+  const DatasetInfo g3 = ingest("ds", sample_catalog(1));
+  EXPECT_EQ(pinned_generations(*conn_, keys_, "ds"), std::set<uint64_t>{g1.generation});
+
+  // g1 is two generations old, beyond keep_previous, but pinned; g2 is the kept previous one.
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), 0u);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_manifest_pattern("ds", g1.generation)), 1);
+  // A pinned generation does not count as one of the kept previous ones.
+  EXPECT_GT(collect_garbage(*conn_, keys_, "ds", 0), 0u);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
+  DatasetInfo old = read_info(*conn_, keys_, "ds");
+  old.generation = g1.generation;
+  old.manifest_chunks = g1.manifest_chunks;
+  old.manifest_bytes = g1.manifest_bytes;
+  old.manifest_xxh64 = g1.manifest_xxh64;
+  old.file_count = g1.file_count;
+  old.total_bytes = g1.total_bytes;
+  EXPECT_TRUE(load_catalog(*conn_, keys_, old));  // the pinned snapshot still loads
+  EXPECT_EQ(read_info(*conn_, keys_, "ds").generation, g3.generation);
+}
+
+TEST_F(DatasetTest, ExpiredLeaseDoesNotPin) {
+  const DatasetInfo g1 = ingest("ds", sample_catalog(1));
+  pin_generation(*conn_, keys_, "ds", "crashed-mount", g1.generation, 50ms);
+  ingest("ds", sample_catalog(2));
+  ingest("ds", sample_catalog(1));
+  std::this_thread::sleep_for(150ms);  // Redis's clock decides; it is the same host's here
+  EXPECT_TRUE(pinned_generations(*conn_, keys_, "ds").empty());
+  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);  // dropped
+
+  pin_generation(*conn_, keys_, "ds", "crashed-mount", g1.generation, 50ms);
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
+  EXPECT_EQ(conn_->command({"ZCARD", keys_.readers("ds")}).integer(), 0);
+  // Refreshing after the lease was dropped says so: the generation may be gone.
+  EXPECT_TRUE(pin_generation(*conn_, keys_, "ds", "crashed-mount", g1.generation, 60s));
+}
+
+TEST_F(DatasetTest, UnpinReleasesTheGeneration) {
+  const DatasetInfo g1 = ingest("ds", sample_catalog(1));
+  pin_generation(*conn_, keys_, "ds", "mount-a", g1.generation, 60s);
+  pin_generation(*conn_, keys_, "ds", "mount-b", g1.generation, 60s);
+  ingest("ds", sample_catalog(2));
+  ingest("ds", sample_catalog(1));
+
+  unpin_generation(*conn_, keys_, "ds", "mount-a", g1.generation);
+  unpin_generation(*conn_, keys_, "ds", "mount-a", g1.generation);  // twice: no error
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), 0u);           // mount-b still holds it
+  unpin_generation(*conn_, keys_, "ds", "mount-b", g1.generation);
+  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
+  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);
+}
+
+TEST_F(DatasetTest, PinCurrentGenerationPinsWhatItReturns) {
+  ingest("ds", sample_catalog(1));
+  const DatasetInfo g2 = ingest("ds", sample_catalog(2));
+  const std::string reader = make_reader_id();
+  const DatasetInfo pinned = pin_current_generation(*conn_, keys_, "ds", reader, 60s);
+  EXPECT_EQ(pinned.generation, g2.generation);
+  EXPECT_EQ(pinned.file_count, 4u);
+  const store::Reply members = conn_->command({"ZRANGE", keys_.readers("ds"), "0", "-1"});
+  ASSERT_EQ(members.size(), 1u);
+  EXPECT_EQ(store::Reply::element_str(members.element(0)),
+            std::to_string(g2.generation) + ":" + reader);
+  EXPECT_THROW(pin_current_generation(*conn_, keys_, "nope", reader, 60s), DatasetNotFound);
+  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("nope")}).integer(), 0);
+}
+
+TEST_F(DatasetTest, LeaseArgumentsAndStrangeMembers) {
+  const std::string a = make_reader_id();
+  const std::string b = make_reader_id();
+  EXPECT_NE(a, b);
+  EXPECT_THAT(a, HasSubstr(":" + std::to_string(::getpid()) + ":"));
+  EXPECT_THROW(pin_generation(*conn_, keys_, "ds", "", 1, 60s), std::invalid_argument);
+  EXPECT_THROW(pin_generation(*conn_, keys_, "ds", "r", 1, 0s), std::invalid_argument);
+  EXPECT_THROW(pin_generation(*conn_, keys_, "a:b", "r", 1, 60s), std::invalid_argument);
+  // Members that are not GEN:READER (written by hand) are ignored, not fatal.
+  conn_->command({"ZADD", keys_.readers("ds"), "+inf", "junk"});
+  pin_generation(*conn_, keys_, "ds", "r", 7, 60s);
+  EXPECT_EQ(pinned_generations(*conn_, keys_, "ds"), std::set<uint64_t>{7});
+}
+
 TEST_F(DatasetTest, RemoveDeletesEveryKeyOfTheDatasetOnly) {
   ingest("ds", sample_catalog(1));
   ingest("ds", sample_catalog(2));
+  pin_generation(*conn_, keys_, "ds", "mount-a", 1, 60s);  // rm removes leases too
   const uint64_t failed = begin_generation(*conn_, keys_, "ds");
   write_objects("ds", failed, sample_catalog(1));
   ingest("ds2", sample_catalog(1));
@@ -385,6 +476,7 @@ TEST_F(DatasetTest, RemoveDeletesEveryKeyOfTheDatasetOnly) {
   EXPECT_EQ(reported.back(), deleted);
   EXPECT_TRUE(std::is_sorted(reported.begin(), reported.end()));
   EXPECT_EQ(count_keys("dsfs:ds:*") + count_keys("dsfs:{ds}:*"), 0);
+  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);
   EXPECT_EQ(count_keys("*"), total_before - ds_keys);
   EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("d", "ds2"));
   EXPECT_THROW(read_info(*conn_, keys_, "ds"), DatasetNotFound);

@@ -14,6 +14,7 @@ TEST(KeySchema, DatasetLevelKeysShareTheNameHashTag) {
   EXPECT_EQ(keys.info("imagenet"), "dsfs:{imagenet}:info");
   EXPECT_EQ(keys.generations("imagenet"), "dsfs:{imagenet}:gens");
   EXPECT_EQ(keys.next_generation("imagenet"), "dsfs:{imagenet}:nextgen");
+  EXPECT_EQ(keys.readers("imagenet"), "dsfs:{imagenet}:readers");
   EXPECT_EQ(keys.manifest_chunk("imagenet", 7, 0), "dsfs:{imagenet}:manifest:7:0");
   EXPECT_EQ(keys.manifest_chunk("imagenet", 7, 12), "dsfs:{imagenet}:manifest:7:12");
 }

@@ -552,5 +552,86 @@ TEST_F(MountTest, ReadsFailWithEIOWhileRedisIsAwayAndWorkAgainWhenItIsBack) {
   EXPECT_TRUE(content == random_bytes(2000, 9));
 }
 
+// Polls `done` for up to 20 s (the lease thread runs on its own schedule).
+template <typename Done>
+bool eventually(Done&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+TEST_F(MountTest, LeasesPinTheServedGenerationRefreshThroughAnOutageAndRelease) {
+  const catalog::KeySchema keys("dsfs");
+  const std::string readers = keys.readers(kDataset);
+  auto leases = std::make_unique<GenerationLeases>(redis_->endpoint(), keys, 600ms);
+  const auto loaded = load_datasets(redis_->endpoint(), keys, {kDataset}, 5s, leases.get());
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].generation(), generation_);
+  const auto pinned = [&] {
+    store::Connection conn(redis_->endpoint());
+    return catalog::pinned_generations(conn, keys, kDataset);
+  };
+  const std::set<uint64_t> just_ours = {generation_};
+  EXPECT_EQ(pinned(), just_ours);
+  {
+    store::Connection conn(redis_->endpoint());
+    EXPECT_FALSE(
+        conn.command({"ZSCORE", readers, std::to_string(generation_) + ":" + leases->reader_id()})
+            .is_nil());
+  }
+
+  // Three refreshes take at least the 600 ms ttl: only refreshing keeps the lease alive.
+  leases->start_refreshing();
+  ASSERT_TRUE(eventually([&] { return leases->refreshes() >= 3; }));
+  EXPECT_EQ(pinned(), just_ours);
+
+  // Redis away for longer than the ttl: refreshes fail (logged, not fatal), and once it is
+  // back the lapsed lease is renewed because the generation still exists.
+  const uint64_t before_outage = leases->refreshes();
+  redis_->stop();
+  std::this_thread::sleep_for(800ms);
+  EXPECT_EQ(leases->refreshes(), before_outage);
+  redis_->start();
+  ASSERT_TRUE(eventually([&] { return leases->refreshes() >= before_outage + 2; }));
+  EXPECT_EQ(pinned(), just_ours);
+
+  // As if GC had dropped the lease while it had lapsed: the generation still exists, so the
+  // next refresh pins it again.
+  store::Connection conn(redis_->endpoint());
+  const std::string member = std::to_string(generation_) + ":" + leases->reader_id();
+  const std::string gen_text = std::to_string(generation_);
+  conn.command({"ZREM", readers, member}).expect_ok("ZREM");
+  const uint64_t before_drop = leases->refreshes();
+  ASSERT_TRUE(eventually([&] { return leases->refreshes() >= before_drop + 2; }));
+  EXPECT_EQ(pinned(), just_ours);
+  // As if it had also been collected (or removed): the lease is given up, not re-created.
+  conn.command({"SREM", keys.generations(kDataset), gen_text}).expect_ok("SREM");
+  conn.command({"ZREM", readers, member}).expect_ok("ZREM");
+  const uint64_t before_gone = leases->refreshes();
+  ASSERT_TRUE(eventually([&] { return leases->refreshes() >= before_gone + 2; }));
+  EXPECT_EQ(conn.command({"EXISTS", readers}).integer(), 0);
+  conn.command({"SADD", keys.generations(kDataset), gen_text}).expect_ok("SADD");
+
+  leases.reset();  // unpins what is left (nothing here) without waiting for the ttl
+  EXPECT_EQ(conn.command({"EXISTS", readers}).integer(), 0);
+}
+
+TEST_F(MountTest, ReleasingLeasesUnpinsAtOnce) {
+  const catalog::KeySchema keys("dsfs");
+  auto leases = std::make_unique<GenerationLeases>(redis_->endpoint(), keys, 60s);
+  load_datasets(redis_->endpoint(), keys, {kDataset}, 5s, leases.get());
+  leases->start_refreshing();
+  store::Connection conn(redis_->endpoint());
+  EXPECT_EQ(conn.command({"ZCARD", keys.readers(kDataset)}).integer(), 1);
+  const auto started = std::chrono::steady_clock::now();
+  leases.reset();  // stops the refresher mid-sleep and unpins
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+  EXPECT_EQ(conn.command({"EXISTS", keys.readers(kDataset)}).integer(), 0);
+  EXPECT_THROW(GenerationLeases(redis_->endpoint(), keys, 0ms), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace dsfs::fs
