@@ -1,16 +1,9 @@
 // Dataset operations (publish, load, list, info, GC, rm) against a real redis-server.
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -19,9 +12,9 @@
 
 #include "src/catalog/dataset.h"
 #include "src/catalog/manifest.h"
+#include "src/store/connection.h"
 #include "src/store/errors.h"
-
-extern char** environ;
+#include "tests/unit/support/test_redis.h"
 
 namespace dsfs::catalog {
 namespace {
@@ -30,95 +23,11 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket() failed");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot find a free port");
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-// A throwaway redis-server on a free loopback port, without persistence; stopped on destruction.
-class RedisServer {
- public:
-  RedisServer()
-      : port_(free_port()),
-        dir_(std::filesystem::temp_directory_path() /
-             ("dsfs-catalog-test-" + std::to_string(::getpid()) + "-" + std::to_string(port_))) {
-    std::filesystem::create_directories(dir_);
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     dir_.string(),
-                                     "--logfile",
-                                     (dir_ / "redis.log").string()};
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot run redis-server (install Debian's redis-server)");
-    }
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      try {
-        store::Connection probe(endpoint());
-        if (probe.command({"PING"}).str() == "PONG") return;
-      } catch (const store::ConnectionError&) {
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    stop();
-    throw std::runtime_error("redis-server did not start on port " + std::to_string(port_));
-  }
-  RedisServer(const RedisServer&) = delete;
-  RedisServer& operator=(const RedisServer&) = delete;
-  ~RedisServer() {
-    stop();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-
-  store::RedisEndpoint endpoint() const {
-    store::RedisEndpoint e;
-    e.host = "127.0.0.1";
-    e.port = port_;
-    return e;
-  }
-
- private:
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = 0;
-  }
-  int port_;
-  pid_t pid_ = 0;
-  std::filesystem::path dir_;
-};
-
 class DatasetTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { server_ = new RedisServer(); }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
+  // One server for the suite (no persistence needed); SetUp flushes it between tests.
+  static void SetUpTestSuite() { server_ = std::make_unique<test::TestRedisServer>(); }
+  static void TearDownTestSuite() { server_.reset(); }
   void SetUp() override {
     conn_ = std::make_unique<store::Connection>(server_->endpoint());
     conn_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
@@ -156,12 +65,10 @@ class DatasetTest : public ::testing::Test {
     return static_cast<long long>(conn_->command({"KEYS", pattern}).size());
   }
 
-  static RedisServer* server_;
+  static inline std::unique_ptr<test::TestRedisServer> server_;
   std::unique_ptr<store::Connection> conn_;
   KeySchema keys_{"dsfs"};
 };
-
-RedisServer* DatasetTest::server_ = nullptr;
 
 Catalog sample_catalog(int variant, uint64_t chunk_size = 1000) {
   CatalogBuilder b(ChecksumKind::kXxh64, chunk_size);

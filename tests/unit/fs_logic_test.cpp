@@ -16,6 +16,7 @@
 #include "fs/mount.h"
 #include "fs/virtual_files.h"
 #include "src/catalog/catalog.h"
+#include "tests/unit/support/files.h"
 
 namespace dsfs::fs {
 namespace {
@@ -100,9 +101,8 @@ TEST(Mountpoint, RejectsMissingAndNonDirectoryPaths) {
 }
 
 TEST(DaemonLock, UmountCanWaitForTheHolder) {
-  char dir[] = "/tmp/dsfs-lock-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  ::setenv("XDG_RUNTIME_DIR", dir, 1);
+  const test::TempDir dir("dsfs-lock-test");
+  ::setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1);
   const std::filesystem::path mountpoint = "/some/where/mnt";
   int holder = 0;
   EXPECT_TRUE(DaemonLock::wait_released(mountpoint, std::chrono::milliseconds(0), &holder));
@@ -115,7 +115,6 @@ TEST(DaemonLock, UmountCanWaitForTheHolder) {
   }
   EXPECT_TRUE(DaemonLock::wait_released(mountpoint, std::chrono::milliseconds(0), &holder));
   ::unsetenv("XDG_RUNTIME_DIR");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Csv, QuotesOnlyWhenNeeded) {

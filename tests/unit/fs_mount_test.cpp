@@ -1,16 +1,10 @@
 // A real in-process FUSE mount over a real redis-server: tree, attributes, contents (chunked and
 // empty files included), generated .meta files, xattrs, EROFS, EIO on corrupt objects, --verify,
 // and Redis going away and coming back.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -18,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -35,8 +28,8 @@
 #include "src/catalog/keys.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
-
-extern char** environ;
+#include "tests/unit/support/files.h"
+#include "tests/unit/support/test_redis.h"
 
 namespace dsfs::fs {
 namespace {
@@ -49,86 +42,6 @@ namespace stdfs = std::filesystem;
 constexpr uint64_t kChunkSize = 64 * 1024;
 constexpr int64_t kMtimeNs = 1'600'000'000'123'456'789;
 constexpr const char* kDataset = "demo";
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket() failed");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot find a free port");
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-// A redis-server on a fixed loopback port with an append-only file, so stop() and start() take
-// it away and bring it back with its data.
-class RedisServer {
- public:
-  explicit RedisServer(stdfs::path dir) : port_(free_port()), dir_(std::move(dir)) {
-    stdfs::create_directories(dir_);
-    start();
-  }
-  ~RedisServer() { stop(); }
-
-  void start() {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "yes",
-                                     "--appendfsync",
-                                     "always",
-                                     "--dir",
-                                     dir_.string(),
-                                     "--logfile",
-                                     (dir_ / "redis.log").string()};
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot run redis-server (install Debian's redis-server)");
-    }
-    for (int attempt = 0; attempt < 400; ++attempt) {
-      try {
-        store::Connection probe(endpoint());
-        if (probe.command({"PING"}).str() == "PONG") return;
-      } catch (const store::ConnectionError&) {
-      }
-      std::this_thread::sleep_for(25ms);
-    }
-    throw std::runtime_error("redis-server did not come up on port " + std::to_string(port_));
-  }
-
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = 0;
-  }
-
-  store::RedisEndpoint endpoint() const {
-    store::RedisEndpoint e;
-    e.host = "127.0.0.1";
-    e.port = port_;
-    return e;
-  }
-
- private:
-  int port_;
-  stdfs::path dir_;
-  pid_t pid_ = 0;
-};
 
 std::string random_bytes(size_t size, uint64_t seed) {
   std::mt19937_64 random(seed);
@@ -159,14 +72,6 @@ std::vector<TestFile> test_files() {
       {"later/l0.bin", random_bytes(2000, 8), catalog::kNoLabel, ""},
       {"later/l1.bin", random_bytes(2000, 9), catalog::kNoLabel, ""},
   };
-}
-
-std::string read_whole(const stdfs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path.string());
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
 }
 
 // read(2) of the whole file; returns errno of the first failure, 0 on success.
@@ -201,10 +106,9 @@ std::set<std::string> list_dir(const stdfs::path& dir) {
 class MountTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char pattern[] = "/tmp/dsfs-fs-test-XXXXXX";
-    if (!::mkdtemp(pattern)) throw std::runtime_error("mkdtemp failed");
-    work_ = pattern;
-    redis_ = std::make_unique<RedisServer>(work_ / "redis");
+    work_ = std::make_unique<test::TempDir>("dsfs-fs-test");
+    // Persistent: the outage tests stop and restart it and expect the dataset still there.
+    redis_ = std::make_unique<test::TestRedisServer>(test::TestRedisOptions{.persist = true});
     publish_dataset();
     snapshots_ = load_datasets(redis_->endpoint(), catalog::KeySchema("dsfs"), {kDataset}, 5s);
     mount_ = make_mount("mnt", /*verify=*/false);
@@ -214,12 +118,11 @@ class MountTest : public ::testing::Test {
     verify_mount_.reset();
     mount_.reset();
     redis_.reset();
-    std::error_code ignored;
-    stdfs::remove_all(work_, ignored);
+    work_.reset();
   }
 
   static std::unique_ptr<Mount> make_mount(const std::string& name, bool verify) {
-    const stdfs::path mountpoint = work_ / name;
+    const stdfs::path mountpoint = work_->path() / name;
     stdfs::create_directories(mountpoint);
     MountOptions options;
     options.session.mountpoint = mountpoint;
@@ -271,11 +174,11 @@ class MountTest : public ::testing::Test {
   static stdfs::path data() { return mount_->mountpoint() / kDataset; }
 
   static nlohmann::json stats() {
-    return nlohmann::json::parse(read_whole(mnt() / ".dsfs/stats.json"));
+    return nlohmann::json::parse(test::read_file(mnt() / ".dsfs/stats.json"));
   }
 
-  static inline stdfs::path work_;
-  static inline std::unique_ptr<RedisServer> redis_;
+  static inline std::unique_ptr<test::TempDir> work_;
+  static inline std::unique_ptr<test::TestRedisServer> redis_;
   static inline std::vector<prefetch::DatasetSnapshot> snapshots_;
   static inline std::unique_ptr<Mount> mount_;
   static inline std::unique_ptr<Mount> verify_mount_;
@@ -387,9 +290,9 @@ TEST_F(MountTest, ConcurrentReadersGetTheSameBytes) {
 
 TEST_F(MountTest, MetaFilesDescribeTheDataset) {
   const stdfs::path meta = mnt() / ".meta" / kDataset;
-  EXPECT_EQ(read_whole(meta / "classes.txt"), "cats\ndogs\n");
+  EXPECT_EQ(test::read_file(meta / "classes.txt"), "cats\ndogs\n");
 
-  const std::string labels = read_whole(meta / "labels.csv");
+  const std::string labels = test::read_file(meta / "labels.csv");
   std::istringstream lines(labels);
   std::string line;
   std::vector<std::string> rows;
@@ -402,7 +305,7 @@ TEST_F(MountTest, MetaFilesDescribeTheDataset) {
   EXPECT_THAT(rows, ::testing::Contains("big.bin,"));
   EXPECT_THAT(rows, ::testing::Contains("\"name with space \xc3\xa9, \"\"q\"\".txt\","));
 
-  const nlohmann::json info = nlohmann::json::parse(read_whole(meta / "info.json"));
+  const nlohmann::json info = nlohmann::json::parse(test::read_file(meta / "info.json"));
   EXPECT_EQ(info["name"], kDataset);
   EXPECT_EQ(info["generation"], generation_);
   EXPECT_EQ(info["files"], test_files().size());
@@ -411,12 +314,12 @@ TEST_F(MountTest, MetaFilesDescribeTheDataset) {
   EXPECT_EQ(info["source"], "fs_mount_test");
   EXPECT_EQ(info["namespace"], "dsfs");
 
-  const std::string metadata = read_whole(meta / "metadata.jsonl");
+  const std::string metadata = test::read_file(meta / "metadata.jsonl");
   EXPECT_EQ(metadata, "{\"path\":\"cats/c2.jpg\",\"width\":10,\"source\":\"camera\"}\n");
 
   // stat must give the exact size, or readers that trust st_size would truncate.
   for (const char* name : {"classes.txt", "labels.csv", "info.json", "metadata.jsonl"}) {
-    EXPECT_EQ(stdfs::file_size(meta / name), read_whole(meta / name).size()) << name;
+    EXPECT_EQ(stdfs::file_size(meta / name), test::read_file(meta / name).size()) << name;
   }
 }
 

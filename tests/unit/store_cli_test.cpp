@@ -14,6 +14,7 @@
 #include "src/cli/server_command.h"
 #include "src/store/connection.h"
 #include "src/store/embedded_server.h"
+#include "tests/unit/support/files.h"
 
 namespace dsfs::cli {
 namespace {
@@ -132,18 +133,12 @@ TEST(ResolveEndpointTest, BadUrlIsInvalidArgument) {
 class EmbeddedHomeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "dsfs-cli-home-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    home_ = pattern;
     home_env_.emplace("DSFS_HOME", home_.string());
     redis_env_.emplace("DSFS_REDIS", std::nullopt);
   }
-  void TearDown() override {
-    store::EmbeddedServer(home_).stop();
-    std::error_code ignored;
-    fs::remove_all(home_, ignored);
-  }
-  fs::path home_;
+  void TearDown() override { store::EmbeddedServer(home_).stop(); }
+  test::TempDir home_dir_{"dsfs-cli-home"};  // removed after TearDown has stopped the server
+  const fs::path home_ = home_dir_.path();
   std::optional<ScopedEnv> home_env_;
   std::optional<ScopedEnv> redis_env_;
 };

@@ -1,17 +1,10 @@
 // Connection, Reply, pipeline and ConnectionPool against real redis-server processes.
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <filesystem>
-#include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +12,7 @@
 #include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "src/store/pool.h"
-
-extern char** environ;
+#include "tests/unit/support/test_redis.h"
 
 namespace dsfs::store {
 namespace {
@@ -28,134 +20,18 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-// A socket bound to a port the kernel picked; closing it leaves the port free for a server.
-class BoundSocket {
- public:
-  BoundSocket() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    if (fd_ < 0) throw std::runtime_error("socket() failed");
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-      throw std::runtime_error("bind() failed");
-    }
-    socklen_t length = sizeof address;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-  }
-  BoundSocket(const BoundSocket&) = delete;
-  BoundSocket& operator=(const BoundSocket&) = delete;
-  ~BoundSocket() { ::close(fd_); }
-  int fd() const { return fd_; }
-  int port() const { return port_; }
-
- private:
-  int fd_;
-  int port_ = 0;
-};
-
-int free_port() {
-  return BoundSocket().port();
-}
-
-// A throwaway redis-server on 127.0.0.1 with its own directory; stop()/start() keep the port.
-class RedisProcess {
- public:
-  explicit RedisProcess(std::vector<std::string> extra_args = {})
-      : port_(free_port()),
-        dir_(std::filesystem::temp_directory_path() /
-             ("dsfs-store-test-" + std::to_string(::getpid()) + "-" + std::to_string(port_))),
-        extra_args_(std::move(extra_args)) {
-    std::filesystem::create_directories(dir_);
-    start();
-  }
-  RedisProcess(const RedisProcess&) = delete;
-  RedisProcess& operator=(const RedisProcess&) = delete;
-  ~RedisProcess() {
-    stop();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-
-  void start() {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     dir_.string(),
-                                     "--logfile",
-                                     (dir_ / "redis.log").string()};
-    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-    const size_t log_offset = log_text().size();
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot run redis-server");
-    }
-    // Ready once *this* server logs that it listens (a probe connect could reach another
-    // process that grabbed the port); it exits at once if the port was taken.
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      if (log_text().find("Ready to accept connections", log_offset) != std::string::npos) return;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = 0;
-        throw std::runtime_error("redis-server exited at start (port " + std::to_string(port_) +
-                                 " taken?); see " + (dir_ / "redis.log").string());
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    throw std::runtime_error("redis-server did not start on port " + std::to_string(port_));
-  }
-
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = 0;
-  }
-
-  int port() const { return port_; }
-  std::string log_text() const {
-    std::ifstream in(dir_ / "redis.log");
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  RedisEndpoint endpoint(std::string user = {}, std::string password = {}, int db = 0) const {
-    RedisEndpoint endpoint;
-    endpoint.host = "127.0.0.1";
-    endpoint.port = port_;
-    endpoint.user = std::move(user);
-    endpoint.password = std::move(password);
-    endpoint.db = db;
-    return endpoint;
-  }
-
- private:
-  int port_;
-  pid_t pid_ = 0;
-  std::filesystem::path dir_;
-  std::vector<std::string> extra_args_;
-};
+using test::BoundSocket;
+using test::free_tcp_port;
+using test::TestRedisOptions;
+using test::TestRedisServer;
 
 class ConnectionTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { redis_ = new RedisProcess(); }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-  }
+  static void SetUpTestSuite() { redis_ = std::make_unique<TestRedisServer>(); }
+  static void TearDownTestSuite() { redis_.reset(); }
   void SetUp() override { Connection(redis_->endpoint()).command({"FLUSHALL"}); }
-  static RedisProcess* redis_;
+  static inline std::unique_ptr<TestRedisServer> redis_;
 };
-RedisProcess* ConnectionTest::redis_ = nullptr;
 
 TEST_F(ConnectionTest, CommandRoundTripsBinaryValues) {
   Connection conn(redis_->endpoint());
@@ -275,7 +151,7 @@ TEST_F(ConnectionTest, OutOfRangeDatabaseIsAReplyError) {
 }
 
 TEST_F(ConnectionTest, ServerGoingAwayBreaksTheConnection) {
-  RedisProcess own;
+  TestRedisServer own;
   Connection conn(own.endpoint());
   EXPECT_EQ(conn.command({"PING"}).str(), "PONG");
   own.stop();
@@ -294,7 +170,7 @@ TEST_F(ConnectionTest, ServerGoingAwayBreaksTheConnection) {
 
 TEST(ConnectionFailureTest, DeadPortIsAConnectionErrorNamingTheEndpoint) {
   RedisEndpoint endpoint;
-  endpoint.port = free_port();
+  endpoint.port = free_tcp_port();
   endpoint.password = "secret-password";
   try {
     Connection conn(endpoint, ConnectOptions{.connect_timeout = 500ms, .io_timeout = 500ms});
@@ -332,7 +208,7 @@ TEST(ConnectionFailureTest, SilentServerTimesOutInsteadOfHanging) {
 }
 
 TEST(ConnectionFailureTest, WritingToAVanishedServerIsAnErrorNotSigpipe) {
-  RedisProcess redis;
+  TestRedisServer redis;
   Connection conn(redis.endpoint());
   redis.stop();
   // Megabytes of writes to a closed socket: EPIPE (SIGPIPE would end this test binary).
@@ -349,16 +225,13 @@ TEST(ConnectionFailureTest, WritingToAVanishedServerIsAnErrorNotSigpipe) {
 class AuthTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    redis_ = new RedisProcess({"--requirepass", "default-secret", "--user", "alice", "on",
-                               ">alice-secret", "~*", "&*", "+@all"});
+    redis_ = std::make_unique<TestRedisServer>(TestRedisOptions{
+        .password = "default-secret",
+        .extra_args = {"--user", "alice", "on", ">alice-secret", "~*", "&*", "+@all"}});
   }
-  static void TearDownTestSuite() {
-    delete redis_;
-    redis_ = nullptr;
-  }
-  static RedisProcess* redis_;
+  static void TearDownTestSuite() { redis_.reset(); }
+  static inline std::unique_ptr<TestRedisServer> redis_;
 };
-RedisProcess* AuthTest::redis_ = nullptr;
 
 TEST_F(AuthTest, PasswordOnlyAuthenticatesTheDefaultUser) {
   Connection conn(redis_->endpoint("", "default-secret"));
@@ -393,7 +266,7 @@ TEST_F(AuthTest, MissingPasswordSaysOneIsRequired) {
 
 class PoolTest : public ::testing::Test {
  protected:
-  RedisProcess redis_;
+  TestRedisServer redis_;
 };
 
 TEST_F(PoolTest, ReturnedConnectionsAreReused) {
@@ -465,7 +338,7 @@ TEST_F(PoolTest, BrokenConnectionsAreReplacedAfterRestart) {
 
 TEST_F(PoolTest, FailedConnectDoesNotLeakASlot) {
   RedisEndpoint dead;
-  dead.port = free_port();
+  dead.port = free_tcp_port();
   ConnectionPool pool(dead, 1, ConnectOptions{.connect_timeout = 300ms, .io_timeout = 300ms});
   EXPECT_THROW(pool.acquire(), ConnectionError);
   EXPECT_THROW(pool.acquire(), ConnectionError);  // would block forever if the slot leaked

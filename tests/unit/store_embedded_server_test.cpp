@@ -15,6 +15,7 @@
 #include "src/store/connection.h"
 #include "src/store/embedded_server.h"
 #include "src/store/errors.h"
+#include "tests/unit/support/files.h"
 
 namespace dsfs::store {
 namespace {
@@ -33,21 +34,15 @@ bool is_running_process(int pid) {
 
 class EmbeddedServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "dsfs-home-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    home_ = pattern;
-  }
   void TearDown() override {
     try {
       EmbeddedServer(home_).stop();
     } catch (const std::exception& e) {
       ADD_FAILURE() << "stop in teardown failed: " << e.what();
     }
-    std::error_code ignored;
-    fs::remove_all(home_, ignored);
   }
-  fs::path home_;
+  test::TempDir home_dir_{"dsfs-home"};  // removed after TearDown has stopped the server
+  const fs::path home_ = home_dir_.path();
 };
 
 TEST_F(EmbeddedServerTest, NotRunningBeforeStart) {

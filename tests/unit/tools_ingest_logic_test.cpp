@@ -18,6 +18,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "tests/unit/support/files.h"
 #include "tools/ingest.h"
 #include "tools/ingest_catalog.h"
 #include "tools/ingest_object.h"
@@ -31,39 +32,9 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "dsfs-ingest-test-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void write_file(const fs::path& path, std::string_view content) {
-  fs::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::string pattern_bytes(size_t size, unsigned seed) {
-  std::string bytes(size, '\0');
-  uint32_t state = seed * 2654435761u + 1;
-  for (auto& byte : bytes) {
-    state = state * 1664525u + 1013904223u;
-    byte = static_cast<char>(state >> 24);
-  }
-  return bytes;
-}
+using test::pattern_bytes;
+using test::TempDir;
+using test::write_file;
 
 uint64_t xxh64(std::string_view bytes) {
   return XXH64(bytes.data(), bytes.size(), 0);

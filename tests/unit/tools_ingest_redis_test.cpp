@@ -6,16 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -23,9 +19,10 @@
 #include "src/catalog/dataset.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
+#include "tests/unit/support/child_process.h"
+#include "tests/unit/support/files.h"
+#include "tests/unit/support/test_redis.h"
 #include "tools/ingest.h"
-
-extern char** environ;
 
 namespace dsfs::tools {
 namespace {
@@ -35,113 +32,11 @@ using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "dsfs-ingest-redis-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const fs::path& path, std::string_view content) {
-  fs::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-}
-
-std::string pattern_bytes(size_t size, unsigned seed) {
-  std::string bytes(size, '\0');
-  uint32_t state = seed * 2654435761u + 1;
-  for (auto& byte : bytes) {
-    state = state * 1664525u + 1013904223u;
-    byte = static_cast<char>(state >> 24);
-  }
-  return bytes;
-}
-
-// A child process that is always terminated and reaped.
-class ChildProcess {
- public:
-  explicit ChildProcess(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    if (::posix_spawnp(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot run " + args[0]);
-    }
-  }
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-  ~ChildProcess() {
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-  }
-  bool exited() {
-    int status = 0;
-    return ::waitpid(pid_, &status, WNOHANG) == pid_;
-  }
-
- private:
-  pid_t pid_ = 0;
-};
-
-// A throwaway redis-server listening only on a unix socket in its own directory.
-class RedisServer {
- public:
-  explicit RedisServer(const fs::path& dir, std::vector<std::string> extra_args = {})
-      : socket_(dir / "redis.sock") {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     "0",
-                                     "--unixsocket",
-                                     socket_.string(),
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     dir.string(),
-                                     "--logfile",
-                                     (dir / "redis.log").string()};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
-    process_ = std::make_unique<ChildProcess>(std::move(args));
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      try {
-        store::Connection probe(endpoint());
-        if (probe.command({"PING"}).str() == "PONG") return;
-      } catch (const store::ConnectionError&) {
-      }
-      if (process_->exited()) throw std::runtime_error("redis-server exited at start");
-      std::this_thread::sleep_for(50ms);
-    }
-    throw std::runtime_error("redis-server did not start");
-  }
-  store::RedisEndpoint endpoint() const {
-    store::RedisEndpoint endpoint;
-    endpoint.transport = store::RedisEndpoint::Transport::kUnix;
-    endpoint.socket_path = socket_.string();
-    return endpoint;
-  }
-
- private:
-  fs::path socket_;
-  std::unique_ptr<ChildProcess> process_;
-};
+using test::ChildProcess;
+using test::pattern_bytes;
+using test::read_file;
+using test::TempDir;
+using test::write_file;
 
 // A local HTTP server (Python's http.server) over `root`, on a port it picks itself. Paths
 // containing "flaky" answer 503 twice before succeeding, to exercise retries.
@@ -176,7 +71,7 @@ server.serve_forever()
       if (process_->exited()) throw std::runtime_error("the HTTP server exited at start");
       std::this_thread::sleep_for(50ms);
     }
-    port_ = std::stoi(read_text(port_file));
+    port_ = std::stoi(read_file(port_file));
   }
   std::string url(std::string_view path) const {
     return "http://127.0.0.1:" + std::to_string(port_) + "/" + std::string(path);
@@ -189,7 +84,7 @@ server.serve_forever()
 
 class IngestRedisTest : public ::testing::Test {
  protected:
-  IngestRedisTest() : redis_(tmp_.path()), keys_("dsfs") {}
+  IngestRedisTest() : redis_(test::TestRedisOptions{.unix_socket = true}), keys_("dsfs") {}
 
   store::Connection connect() { return store::Connection(redis_.endpoint()); }
 
@@ -250,7 +145,7 @@ class IngestRedisTest : public ::testing::Test {
     for (uint32_t i = 0; i < catalog->entry_count(); ++i) {
       if (catalog->entry(i).is_dir) continue;
       const std::string path = catalog->path(i);
-      const std::string expected = read_text(source_root / path);
+      const std::string expected = read_file(source_root / path);
       const std::string stored = stored_bytes(conn, *catalog, dataset, info.generation, i);
       EXPECT_EQ(stored.size(), expected.size()) << path;
       EXPECT_TRUE(stored == expected) << path << " differs";
@@ -260,7 +155,7 @@ class IngestRedisTest : public ::testing::Test {
   }
 
   TempDir tmp_;
-  RedisServer redis_;
+  test::TestRedisServer redis_;
   catalog::KeySchema keys_;
 };
 
@@ -410,8 +305,8 @@ TEST_F(IngestRedisTest, UrlListWithRetriesAndPathColumn) {
     EXPECT_TRUE(index.has_value()) << path;
     return index ? stored_bytes(conn, *catalog, "web", info.generation, *index) : std::string();
   };
-  EXPECT_EQ(stored("cls a/one.jpg"), read_text(served / "cls a" / "one.jpg"));
-  EXPECT_EQ(stored("cls b/flaky.jpg"), read_text(served / "cls b" / "flaky.jpg"));
+  EXPECT_EQ(stored("cls a/one.jpg"), read_file(served / "cls a" / "one.jpg"));
+  EXPECT_EQ(stored("cls b/flaky.jpg"), read_file(served / "cls b" / "flaky.jpg"));
   EXPECT_EQ(stored("cls a/two.bin"), "stored under another path");
   EXPECT_EQ(catalog->entry(*catalog->find("cls b/flaky.jpg")).label, 1u);
 }
@@ -511,7 +406,9 @@ TEST_F(IngestRedisTest, WritersReconnectWhenRedisDropsConnections) {
 
 TEST(IngestRedisErrors, RedisOutOfMemoryIsAClearError) {
   TempDir tmp;
-  RedisServer redis(tmp.path(), {"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"});
+  test::TestRedisServer redis(test::TestRedisOptions{
+      .unix_socket = true,
+      .extra_args = {"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"}});
   const fs::path src = tmp.path() / "src";
   for (int i = 0; i < 8; ++i) {
     write_file(src / ("f" + std::to_string(i)), pattern_bytes(1 << 20, i));

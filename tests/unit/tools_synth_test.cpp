@@ -1,7 +1,6 @@
 // dsfs synth: determinism, layout, decodable JPEGs of the planned shapes, ImageNet-like sizes.
 #include <gtest/gtest.h>
 #include <turbojpeg.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -15,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/support/files.h"
 #include "tools/synth.h"
 
 namespace fs = std::filesystem;
@@ -25,25 +25,7 @@ using dsfs::tools::SynthSummary;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "dsfs-synth-test-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using dsfs::test::TempDir;
 
 std::vector<unsigned char> read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
