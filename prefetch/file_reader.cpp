@@ -1,5 +1,7 @@
 #include "prefetch/file_reader.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -17,13 +19,21 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
   const uint64_t end = std::min<uint64_t>(file.size, offset + size);
 
   const uint64_t chunk_count = catalog.chunk_count(entry);
+  // Chunk numbers are 32-bit from here on (cache keys); more would wrap to the wrong chunk.
+  if (chunk_count > (uint64_t{1} << 32)) {
+    throw std::runtime_error(fmt::format("{}/{} has {} chunks; dsfs reads at most 2^32 per file",
+                                         dataset.name(), catalog.path(entry), chunk_count));
+  }
   const uint64_t chunk_size = chunk_count == 1 ? file.size : catalog.chunk_size();
   const auto first_needed = static_cast<uint32_t>(offset / chunk_size);
   const auto last_needed = static_cast<uint32_t>((end - 1) / chunk_size);
-  // Verifying needs the whole file, so ask for every chunk: one load then fetches and checks
-  // them all, and later reads of the file find them cached.
-  const uint32_t first = verify_ ? 0 : first_needed;
-  const uint32_t last = verify_ ? static_cast<uint32_t>(chunk_count - 1) : last_needed;
+  // Verifying needs the whole file once, so until then ask for every chunk: one load fetches
+  // and checks them all. Afterwards only the needed chunks, each checked against its digest.
+  const std::shared_ptr<const Digests> digests =
+      verify_ && chunk_count > 1 ? verified_digests(dataset.index, entry) : nullptr;
+  const bool whole = verify_ && !digests;
+  const uint32_t first = whole ? 0 : first_needed;
+  const uint32_t last = whole ? static_cast<uint32_t>(chunk_count - 1) : last_needed;
 
   std::vector<ObjectKey> keys;
   keys.reserve(last - first + 1);
@@ -40,15 +50,31 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
         wanted.reserve(missing.size());
         for (const ObjectKey& key : missing) wanted.push_back(key.chunk);
         if (!verify_) return fetcher_.fetch_chunks(dataset, entry, wanted);
+        if (digests) {
+          std::vector<ObjectBuffer> fetched = fetcher_.fetch_chunks(dataset, entry, wanted);
+          for (size_t i = 0; i < fetched.size(); ++i) {
+            fetcher_.verify_chunk(dataset, entry, wanted[i], *fetched[i], (*digests)[wanted[i]]);
+          }
+          return fetched;
+        }
         // Some chunks may still be cached, but a checksum over a mix would prove nothing about
         // the fetched ones alone: fetch the whole file and check it.
         std::vector<uint32_t> all(chunk_count);
         for (uint32_t chunk = 0; chunk < chunk_count; ++chunk) all[chunk] = chunk;
-        std::vector<ObjectBuffer> whole = fetcher_.fetch_chunks(dataset, entry, all);
-        fetcher_.verify_checksum(dataset, entry, whole);
+        std::vector<ObjectBuffer> all_chunks = fetcher_.fetch_chunks(dataset, entry, all);
+        fetcher_.verify_checksum(dataset, entry, all_chunks);
+        if (chunk_count > 1) {
+          auto taken = std::make_shared<Digests>();
+          taken->reserve(all_chunks.size());
+          for (const ObjectBuffer& chunk : all_chunks) {
+            taken->push_back(ObjectFetcher::chunk_digest(*chunk));
+          }
+          std::lock_guard lock(verified_mutex_);
+          verified_[uint64_t{dataset.index} << 32 | entry] = std::move(taken);
+        }
         std::vector<ObjectBuffer> result;
         result.reserve(wanted.size());
-        for (const uint32_t chunk : wanted) result.push_back(whole[chunk]);
+        for (const uint32_t chunk : wanted) result.push_back(all_chunks[chunk]);
         return result;
       });
 
@@ -63,6 +89,13 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
     slices.push_back(Slice{buffer, static_cast<size_t>(from), static_cast<size_t>(to - from)});
   }
   return slices;
+}
+
+std::shared_ptr<const FileReader::Digests> FileReader::verified_digests(uint32_t dataset,
+                                                                        uint32_t entry) const {
+  std::lock_guard lock(verified_mutex_);
+  const auto it = verified_.find(uint64_t{dataset} << 32 | entry);
+  return it == verified_.end() ? nullptr : it->second;
 }
 
 }  // namespace dsfs::prefetch

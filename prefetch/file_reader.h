@@ -2,6 +2,9 @@
 // Serves byte ranges of dataset files from the object cache, fetching what is missing.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"
@@ -20,7 +23,8 @@ struct Slice {
 class FileReader {
  public:
   // verify: check each file's whole checksum when its objects are fetched (a file stored in
-  // chunks is then fetched whole).
+  // chunks is fetched whole the first time; chunks fetched again later are checked against
+  // digests taken then).
   FileReader(ObjectCache& cache, ObjectFetcher& fetcher, bool verify);
 
   // Up to `size` bytes of file `entry` from `offset` (fewer at the end of the file, none past
@@ -31,9 +35,16 @@ class FileReader {
   bool verify() const { return verify_; }
 
  private:
+  using Digests = std::vector<uint64_t>;  // ObjectFetcher::chunk_digest of each chunk, in order
+  std::shared_ptr<const Digests> verified_digests(uint32_t dataset, uint32_t entry) const;
+
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
   bool verify_;
+  // Chunked files that passed the whole-file check, by (dataset << 32 | entry). Without them a
+  // file larger than the cache was fetched whole again on every miss (chunks^2 GETs).
+  mutable std::mutex verified_mutex_;
+  std::unordered_map<uint64_t, std::shared_ptr<const Digests>> verified_;
 };
 
 }  // namespace dsfs::prefetch

@@ -165,6 +165,23 @@ void ObjectFetcher::verify_checksum(const DatasetSnapshot& dataset, uint32_t ent
   }
 }
 
+uint64_t ObjectFetcher::chunk_digest(const ObjectData& chunk) {
+  return XXH3_64bits(chunk.bytes().data(), chunk.size());
+}
+
+void ObjectFetcher::verify_chunk(const DatasetSnapshot& dataset, uint32_t entry,
+                                 uint32_t chunk_index, const ObjectData& chunk, uint64_t digest) {
+  if (chunk_digest(chunk) == digest) return;
+  stats_.checksum_mismatches.fetch_add(1, std::memory_order_relaxed);
+  const std::string message = fmt::format(
+      "{}/{} (object {} of generation {}): chunk {} differs from the one verified earlier: "
+      "refusing to serve it",
+      dataset.name(), dataset.catalog->path(entry), dataset.catalog->entry(entry).object_id,
+      dataset.generation(), chunk_index);
+  spdlog::error("{}", message);
+  throw IntegrityError(IntegrityError::Kind::kChecksum, message);
+}
+
 uint32_t crc32c(uint32_t crc, const void* data, size_t length) {
   // No CRC-32C library is installed here; a table-driven loop is plenty for --verify.
   static const std::array<uint32_t, 256> table = [] {

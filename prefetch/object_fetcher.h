@@ -64,6 +64,13 @@ class ObjectFetcher {
   void verify_checksum(const DatasetSnapshot& dataset, uint32_t entry,
                        std::span<const ObjectBuffer> all_chunks);
 
+  // A chunk's own digest, taken from chunks whose file passed verify_checksum, so that one chunk
+  // fetched again later can be checked alone (verify_chunk) without refetching the whole file.
+  static uint64_t chunk_digest(const ObjectData& chunk);
+  // Throws IntegrityError (counted as a checksum mismatch) unless chunk_digest(chunk) == digest.
+  void verify_chunk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk_index,
+                    const ObjectData& chunk, uint64_t digest);
+
   // The Redis key and the exact length of chunk `chunk` of file `entry`.
   std::string chunk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
   static uint64_t chunk_length(const catalog::Catalog& catalog, uint32_t entry, uint32_t chunk);
