@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <new>
 #include <stdexcept>
 
 namespace dsfs::prefetch {
@@ -30,7 +31,22 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
   std::vector<size_t> to_load_positions;
   std::vector<std::promise<ObjectBuffer>> promises;
   std::vector<std::pair<size_t, std::shared_future<ObjectBuffer>>> to_wait;
-  {
+  // Every key we register as loading must leave loading_ with an answer for its waiters, even
+  // when we fail half-way (out of memory): otherwise later readers would join a promise that is
+  // never kept and get std::future_error for that object until the cache is gone.
+  const auto withdraw = [&](const std::exception_ptr& failure) {
+    {
+      std::lock_guard lock(mutex_);
+      for (const ObjectKey& key : to_load) loading_.erase(key);
+    }
+    for (auto& promise : promises) promise.set_exception(failure);
+  };
+  try {
+    // Reserved, so that a key is in to_load exactly when it is in loading_.
+    to_load.reserve(keys.size());
+    to_load_positions.reserve(keys.size());
+    to_wait.reserve(keys.size());
+    promises.reserve(keys.size());
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) {
       const ObjectKey& key = keys[i];
@@ -49,6 +65,9 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
         ++stats_.misses;
       }
     }
+  } catch (...) {
+    withdraw(std::current_exception());
+    throw;
   }
 
   if (!to_load.empty()) {
@@ -63,19 +82,18 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
       }
     } catch (...) {
       // Waiters see the same failure; nothing is cached, so the next caller loads again.
-      const std::exception_ptr failure = std::current_exception();
-      {
-        std::lock_guard lock(mutex_);
-        for (const ObjectKey& key : to_load) loading_.erase(key);
-      }
-      for (auto& promise : promises) promise.set_exception(failure);
+      withdraw(std::current_exception());
       throw;
     }
     {
       std::lock_guard lock(mutex_);
+      for (const ObjectKey& key : to_load) loading_.erase(key);
       for (size_t j = 0; j < to_load.size(); ++j) {
-        loading_.erase(to_load[j]);
-        insert_locked(to_load[j], loaded[j]);
+        try {
+          insert_locked(to_load[j], loaded[j]);
+        } catch (const std::bad_alloc&) {
+          // Served all the same, just not kept.
+        }
       }
     }
     for (size_t j = 0; j < to_load.size(); ++j) {
@@ -108,7 +126,12 @@ void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer) {
     ++stats_.evictions;
   }
   lru_.push_front(Entry{key, std::move(buffer)});
-  index_.emplace(key, lru_.begin());
+  try {
+    index_.emplace(key, lru_.begin());
+  } catch (...) {
+    lru_.pop_front();  // an unindexed entry would later be evicted from bytes never counted
+    throw;
+  }
   stats_.bytes += size;
 }
 

@@ -1,10 +1,14 @@
 // Review findings on the read path below FUSE: FileReader over a real ObjectFetcher and a real
-// redis-server. --verify on files larger than the cache, and chunk numbers beyond 32 bits.
+// redis-server (--verify on files larger than the cache, chunk numbers beyond 32 bits), and the
+// object cache's single-flight bookkeeping when memory runs out.
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <future>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +22,24 @@
 #include "src/store/pool.h"
 #include "tests/unit/support/files.h"
 #include "tests/unit/support/test_redis.h"
+
+// Allocation failure on demand: while positive, counts down allocations on this thread and
+// throws std::bad_alloc from the one that brings it to zero.
+namespace {
+thread_local int fail_allocation_in = 0;
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (fail_allocation_in > 0 && --fail_allocation_in == 0) throw std::bad_alloc();
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace dsfs::prefetch {
 namespace {
@@ -126,6 +148,87 @@ TEST_F(FileReaderReview, NeverServesAnotherChunkWhenChunkNumbersExceed32Bits) {
   } catch (const std::exception& e) {
     SUCCEED() << "refused: " << e.what();
   }
+}
+
+// Running out of memory inside get_many (registering the keys, or caching what was loaded) used
+// to leave some keys registered as loading with a promise nobody would keep: every later read of
+// those objects failed with std::future_error (broken promise) until remount. Whatever
+// allocation fails, the next call must load and return the objects.
+TEST(ObjectCacheReview, AnAllocationFailureInGetManyNeverStrandsAKey) {
+  const std::vector<ObjectKey> keys = {
+      ObjectKey{.dataset = 0, .chunk = 0, .generation = 1, .object_id = 1},
+      ObjectKey{.dataset = 0, .chunk = 1, .generation = 1, .object_id = 1},
+      ObjectKey{.dataset = 0, .chunk = 0, .generation = 1, .object_id = 2},
+  };
+  const auto build = [](std::span<const ObjectKey> missing) {
+    std::vector<ObjectBuffer> out;
+    for (const ObjectKey& k : missing) {
+      out.push_back(std::make_shared<const ObjectData>(std::string(10, char('a' + k.object_id))));
+    }
+    return out;
+  };
+  bool reached_the_end = false;
+  for (int n = 1; n < 500 && !reached_the_end; ++n) {
+    ObjectCache cache(1 << 20);
+    const ObjectKey warm = keys[1];  // one hit, so every path of get_many runs
+    cache.get_many(std::span(&warm, 1), build);
+    // Fails the n-th allocation of get_many after the loader has run (the loader's own failures
+    // are ordinary load failures, tested elsewhere).
+    const ObjectCache::LoadMany arm_after_load = [&](std::span<const ObjectKey> missing) {
+      auto out = build(missing);
+      fail_allocation_in = n;
+      return out;
+    };
+    fail_allocation_in = 0;
+    try {
+      cache.get_many(keys, arm_after_load);
+    } catch (const std::bad_alloc&) {
+    }
+    reached_the_end = fail_allocation_in > 0;  // fewer than n allocations: none failed
+    fail_allocation_in = 0;
+    try {
+      const std::vector<ObjectBuffer> again = cache.get_many(keys, build);
+      ASSERT_EQ(again.size(), keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        EXPECT_EQ(again[i]->bytes(), std::string(10, char('a' + keys[i].object_id))) << n;
+      }
+    } catch (const std::future_error& e) {
+      FAIL() << "allocation " << n << " after the load stranded a key: " << e.what();
+    }
+  }
+  EXPECT_TRUE(reached_the_end);
+}
+
+// The same for allocations made while registering the keys, before any loading.
+TEST(ObjectCacheReview, AnAllocationFailureWhileRegisteringNeverStrandsAKey) {
+  std::vector<ObjectKey> keys;
+  for (uint64_t id = 1; id <= 40; ++id) {
+    keys.push_back(ObjectKey{.dataset = 0, .chunk = 0, .generation = 1, .object_id = id});
+  }
+  const auto build = [](std::span<const ObjectKey> missing) {
+    std::vector<ObjectBuffer> out;
+    for (size_t i = 0; i < missing.size(); ++i) {
+      out.push_back(std::make_shared<const ObjectData>(std::string(3, 'z')));
+    }
+    return out;
+  };
+  bool reached_the_end = false;
+  for (int n = 1; n < 2000 && !reached_the_end; ++n) {
+    ObjectCache cache(1 << 20);
+    fail_allocation_in = n;
+    try {
+      cache.get_many(keys, build);
+    } catch (const std::bad_alloc&) {
+    }
+    reached_the_end = fail_allocation_in > 0;
+    fail_allocation_in = 0;
+    try {
+      EXPECT_EQ(cache.get_many(keys, build).size(), keys.size());
+    } catch (const std::future_error& e) {
+      FAIL() << "allocation " << n << " stranded a key: " << e.what();
+    }
+  }
+  EXPECT_TRUE(reached_the_end);
 }
 
 }  // namespace
