@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <linux/limits.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -56,6 +57,11 @@ mode_t directory_permissions(uint32_t ingested) {
   const mode_t bits = ingested & 0555;
   return bits == 0 ? 0555 : (bits | 0500);
 }
+
+// The kernel passes at most this much of an xattr value (XATTR_SIZE_MAX); a longer one cannot
+// be read (E2BIG), so it is not listed either: tools that copy every listed xattr
+// (shutil.copy2, getfattr -d, cp --preserve=xattr) would fail on the file.
+constexpr size_t kMaxXattrValue = XATTR_SIZE_MAX;
 
 // Answers an xattr value or name-list request, honouring the size-probe protocol.
 void reply_xattr_bytes(fuse_req_t req, std::string_view bytes, size_t size) {
@@ -664,6 +670,7 @@ struct Handlers {
         value = xattr_value(*d, ref.entry, name);
       }
       if (!value) return fail(fs, req, ENODATA);
+      if (value->size() > kMaxXattrValue) return fail(fs, req, E2BIG);
       reply_xattr_bytes(req, *value, size);
     });
   }
@@ -676,7 +683,8 @@ struct Handlers {
         const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
         if (!d) return fail(fs, req, ENOENT);
         for (const std::string_view name : {kLabelXattr, kClassXattr, kMetaXattr}) {
-          if (xattr_value(*d, ref.entry, name)) {
+          if (const auto value = xattr_value(*d, ref.entry, name);
+              value && value->size() <= kMaxXattrValue) {
             names += name;
             names += '\0';
           }
