@@ -121,12 +121,27 @@ void info_command(const cli::GlobalOptions& global, const std::string& name, boo
 }
 
 void rm_command(const cli::GlobalOptions& global, const std::string& name,
-                const std::string& progress_style) {
+                const std::string& progress_style, bool force) {
   cli::apply_log_level(global);
   catalog::validate_dataset_name(name);
   const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
   store::Connection conn(endpoint);
+  // A mounted dataset's reads would fail with EIO mid-training, and a dataset re-created under
+  // the same name reuses its generation numbers, so the stale mount could even read the new
+  // objects: refuse unless asked.
+  if (const auto leases = catalog::live_leases(conn, keys, name); !leases.empty() && !force) {
+    std::string holders;
+    for (size_t i = 0; i < leases.size() && i < 3; ++i) {
+      holders += fmt::format("{}{}", i ? ", " : "", leases[i]);
+    }
+    if (leases.size() > 3) holders += ", ...";
+    throw std::runtime_error(fmt::format(
+        "dataset '{}' is mounted: {} live lease(s) (GEN:HOST:PID:ID: {}); unmount it first "
+        "(`dsfs umount MOUNTPOINT`; a mount that died keeps its lease until --lease-ttl "
+        "passes), or pass --force to remove it anyway (the mount's reads then fail)",
+        name, leases.size(), holders));
+  }
   ProgressOptions progress_options;
   progress_options.unit = "keys";
   progress_options.show_bytes = false;
@@ -172,6 +187,7 @@ void register_admin_commands(CLI::App& app, cli::GlobalOptions& global) {
     struct RmState {
       std::string name;
       bool yes = false;
+      bool force = false;
       std::string progress = "auto";
     };
     auto state = std::make_shared<RmState>();
@@ -179,11 +195,14 @@ void register_admin_commands(CLI::App& app, cli::GlobalOptions& global) {
         "rm", "Remove a dataset: every generation's keys, in batches that never block Redis long");
     sub->add_option("NAME", state->name, "Dataset name")->required();
     sub->add_flag("--yes,-y", state->yes, "Accepted for scripts; rm never asks");
+    sub->add_flag("--force,-f", state->force,
+                  "Remove the dataset even while a mount serves it (its reads then fail)");
     sub->add_option("--progress", state->progress, "auto, bar, lines or none")
         ->check(CLI::IsMember({"auto", "bar", "lines", "none"}))
         ->capture_default_str();
     cli::add_global_options(*sub, global);
-    sub->callback([state, &global] { rm_command(global, state->name, state->progress); });
+    sub->callback(
+        [state, &global] { rm_command(global, state->name, state->progress, state->force); });
   }
 }
 

@@ -4,6 +4,7 @@
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <chrono>
 #include <ctime>
 #include <memory>
@@ -56,17 +57,22 @@ uint64_t unlink_matching(store::Connection& conn, const std::string& pattern) {
 // Best effort after a failure: deletes what this ingest wrote of its own generation, unless the
 // publish got as far as making it current. Never throws; what it cannot delete the next
 // successful ingest's garbage collection removes (the generation stays in the gens set).
-void discard_generation(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
-                        const std::string& name, uint64_t generation) {
+// Returns the dataset's current generation as read now (0: none), or nullopt if unreadable.
+std::optional<uint64_t> discard_generation(const store::RedisEndpoint& endpoint,
+                                           const catalog::KeySchema& keys, const std::string& name,
+                                           uint64_t generation) {
+  std::optional<uint64_t> current;
   try {
     store::Connection conn(endpoint);
     try {
-      if (catalog::read_info(conn, keys, name).generation == generation) {
-        spdlog::warn("generation {} of '{}' was published before the failure; keeping it",
-                     generation, name);
-        return;
-      }
+      current = catalog::read_info(conn, keys, name).generation;
     } catch (const catalog::DatasetNotFound&) {
+      current = 0;
+    }
+    if (*current == generation) {
+      spdlog::warn("generation {} of '{}' was published before the failure; keeping it", generation,
+                   name);
+      return current;
     }
     uint64_t deleted = unlink_matching(conn, keys.generation_objects_pattern(name, generation));
     deleted += unlink_matching(conn, keys.generation_manifest_pattern(name, generation));
@@ -81,11 +87,62 @@ void discard_generation(const store::RedisEndpoint& endpoint, const catalog::Key
         "ingest of '{}' removes it",
         generation, name, e.what(), name);
   }
+  return current;
 }
 
-std::string previous_state(const std::optional<uint64_t>& previous_generation) {
-  return previous_generation ? fmt::format("generation {} is still current", *previous_generation)
-                             : std::string("the dataset was not created");
+// What a failed ingest left current: `current` as discard_generation read it (a concurrent
+// ingest or rm may have changed it since the start), else what was current at the start.
+std::string outcome(uint64_t generation, const std::optional<uint64_t>& previous_generation,
+                    const std::optional<uint64_t>& current) {
+  const uint64_t now = current ? *current : previous_generation.value_or(0);
+  if (now != 0 && now == generation) {
+    return fmt::format("generation {} was published nonetheless", generation);
+  }
+  if (now == 0) return "nothing was published (the dataset does not exist)";
+  return fmt::format("nothing was published (generation {} is {}current)", now,
+                     previous_generation == now ? "still " : "");
+}
+
+// Redis's run_id, new on every start of the server; "" when INFO is not allowed.
+std::string server_run_id(store::Connection& conn) {
+  const store::Reply reply = conn.command({"INFO", "server"});
+  if (!reply.is_string()) return {};
+  const std::string_view text = reply.str();
+  constexpr std::string_view kField = "run_id:";
+  const size_t at = text.find(kField);
+  if (at == std::string_view::npos) return {};
+  const size_t begin = at + kField.size();
+  const size_t end = text.find_first_of("\r\n", begin);
+  return std::string(text.substr(begin, end == std::string_view::npos ? end : end - begin));
+}
+
+// How many of the objects `catalog` needs are missing from generation `gen` (EXISTS, pipelined
+// in batches so the key list never grows with the dataset).
+uint64_t count_missing_objects(store::Connection& conn, const catalog::KeySchema& keys,
+                               const std::string& name, uint64_t gen,
+                               const catalog::Catalog& catalog) {
+  constexpr size_t kBatch = 4096;
+  constexpr size_t kWindow = 256;
+  uint64_t missing = 0;
+  std::vector<std::array<std::string, 2>> batch;
+  auto flush = [&] {
+    store::pipeline(conn, batch, kWindow, [&](size_t, store::Reply& reply) {
+      if (reply.expect_ok("EXISTS").integer() == 0) ++missing;
+    });
+    batch.clear();
+  };
+  for (uint32_t i = 0; i < catalog.entry_count(); ++i) {
+    const catalog::CatalogEntry& entry = catalog.entry(i);
+    if (entry.is_dir) continue;
+    const uint64_t chunks = catalog.chunk_count(i);
+    for (uint64_t k = 0; k < chunks; ++k) {
+      batch.push_back({"EXISTS", chunks == 1 ? keys.object(name, gen, entry.object_id)
+                                             : keys.object_chunk(name, gen, entry.object_id, k)});
+      if (batch.size() == kBatch) flush();
+    }
+  }
+  if (!batch.empty()) flush();
+  return missing;
 }
 
 }  // namespace
@@ -122,6 +179,7 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
   source_options.parallelism = options.jobs;
   source_options.chunk_size = options.chunk_size;
   source_options.checksum = options.checksum;
+  source_options.follow_directory_symlinks = options.follow_directory_symlinks;
   const auto source = open_source(options.source, source_options);
 
   // The control connection idles while objects are written; if Redis dropped it meanwhile (a
@@ -136,6 +194,9 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
     previous_generation = catalog::read_info(control(), keys, name).generation;
   } catch (const catalog::DatasetNotFound&) {
   }
+  // The server that acknowledges our writes; if another one answers at publish time (a restart),
+  // acknowledged writes may have been lost with the old one.
+  std::string verified_run_id = server_run_id(control());
   const uint64_t generation = catalog::begin_generation(control(), keys, name);
   spdlog::debug("ingesting {} '{}' into '{}' generation {}", to_string(source->kind()),
                 source->description(), name, generation);
@@ -185,8 +246,24 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
     info.chunk_size = options.chunk_size;
     // Publishing again after a broken connection is safe: the manifest SETs are idempotent and
     // the flip of the same generation is a no-op.
-    store::with_retry(kPublishRetryBudget,
-                      [&] { catalog::publish(control(), keys, info, catalog); });
+    store::with_retry(kPublishRetryBudget, [&] {
+      store::Connection& conn = control();
+      // A restarted Redis keeps only what it had persisted (appendfsync everysec: all but the
+      // last second or so), so check every object before making the generation current. The
+      // flip runs on this same connection, hence on the server just checked.
+      const std::string run_id = server_run_id(conn);
+      if (run_id.empty() || run_id != verified_run_id) {
+        const uint64_t missing = count_missing_objects(conn, keys, name, generation, catalog);
+        if (missing > 0) {
+          throw std::runtime_error(fmt::format(
+              "Redis at {} restarted during the ingest and lost {} object key(s) it had "
+              "acknowledged (writes not yet persisted when it stopped); ingest again",
+              endpoint.describe(), missing));
+        }
+        verified_run_id = run_id;
+      }
+      catalog::publish(conn, keys, info, catalog);
+    });
 
     result.files = info.file_count;
     result.directories = info.dir_count;
@@ -195,14 +272,14 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
     result.skipped = contents.skipped;
   } catch (const IngestInterrupted&) {
     progress.stop();
-    discard_generation(endpoint, keys, name, generation);
-    throw IngestInterrupted(fmt::format("ingest of '{}' interrupted; nothing was published ({})",
-                                        name, previous_state(previous_generation)));
+    const auto current = discard_generation(endpoint, keys, name, generation);
+    throw IngestInterrupted(fmt::format("ingest of '{}' interrupted; {}", name,
+                                        outcome(generation, previous_generation, current)));
   } catch (const std::exception& e) {
     progress.stop();
-    discard_generation(endpoint, keys, name, generation);
-    throw std::runtime_error(fmt::format("ingest of '{}' failed: {}; nothing was published ({})",
-                                         name, e.what(), previous_state(previous_generation)));
+    const auto current = discard_generation(endpoint, keys, name, generation);
+    throw std::runtime_error(fmt::format("ingest of '{}' failed: {}; {}", name, e.what(),
+                                         outcome(generation, previous_generation, current)));
   }
   progress.stop();
 

@@ -23,6 +23,8 @@ struct IngestOptions {
   std::string dataset;
   LabelMode labels = LabelMode::kAuto;
   std::optional<std::filesystem::path> metadata_file;
+  // Directory sources: walk into symlinked directories as torchvision's ImageFolder does.
+  bool follow_directory_symlinks = true;
   unsigned jobs = 4;  // Redis connections; also reader threads / concurrent downloads
   uint64_t chunk_size = catalog::kDefaultChunkSize;
   catalog::ChecksumKind checksum = catalog::ChecksumKind::kXxh64;

@@ -30,6 +30,64 @@ std::string metadata_key(std::string_view path) {
   return key;
 }
 
+// Python's view of a file name: os.fsdecode decodes UTF-8 with surrogateescape, so every byte
+// that is not part of a well-formed UTF-8 sequence becomes the code point U+DC00 + byte.
+// torchvision sorts class names as such str, by code point; for valid UTF-8 that is bytewise
+// order, but an escaped byte (0xDC80..0xDCFF) sorts before U+E000 and above, unlike its byte.
+class PythonCodePoints {
+ public:
+  explicit PythonCodePoints(std::string_view name) : rest_(name) {}
+  bool done() const { return rest_.empty(); }
+  char32_t next() {
+    const auto byte = [&](size_t i) { return static_cast<unsigned char>(rest_[i]); };
+    const unsigned char lead = byte(0);
+    size_t length = 1;
+    char32_t value = lead;
+    unsigned char low = 0x80, high = 0xBF;  // bounds of the second byte (Unicode table 3-7)
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+      value = lead & 0x1F;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      value = lead & 0x0F;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;  // no UTF-8-encoded surrogates
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      value = lead & 0x07;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else if (lead >= 0x80) {
+      length = 0;  // a continuation byte or an invalid lead byte
+    }
+    bool valid = length > 0 && length <= rest_.size();
+    for (size_t i = 1; valid && i < length; ++i) {
+      const unsigned char b = byte(i);
+      valid = i == 1 ? (b >= low && b <= high) : (b >= 0x80 && b <= 0xBF);
+      value = (value << 6) | (b & 0x3F);
+    }
+    if (!valid) {
+      rest_.remove_prefix(1);
+      return 0xDC00 + lead;
+    }
+    rest_.remove_prefix(length);
+    return value;
+  }
+
+ private:
+  std::string_view rest_;
+};
+
+// a < b as Python compares os.fsdecode(a) < os.fsdecode(b).
+bool python_name_less(std::string_view a, std::string_view b) {
+  PythonCodePoints left(a), right(b);
+  while (!left.done() && !right.done()) {
+    const char32_t x = left.next(), y = right.next();
+    if (x != y) return x < y;
+  }
+  return left.done() && !right.done();
+}
+
 }  // namespace
 
 LabelMode parse_label_mode(std::string_view text) {
@@ -49,7 +107,7 @@ std::vector<std::string> image_folder_classes(const SourceContents& contents) {
       classes.emplace_back(first_component(file.path));
     }
   }
-  std::sort(classes.begin(), classes.end());
+  std::sort(classes.begin(), classes.end(), python_name_less);
   classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
   return classes;
 }
@@ -58,7 +116,7 @@ uint32_t image_folder_label(std::string_view path, const std::vector<std::string
   const auto slash = path.find('/');
   if (slash == std::string_view::npos) return catalog::kNoLabel;
   const std::string_view top = path.substr(0, slash);
-  const auto it = std::lower_bound(classes.begin(), classes.end(), top);
+  const auto it = std::lower_bound(classes.begin(), classes.end(), top, python_name_less);
   if (it == classes.end() || *it != top) return catalog::kNoLabel;
   return static_cast<uint32_t>(it - classes.begin());
 }

@@ -19,7 +19,8 @@ enum class LabelMode { kAuto, kNone };
 LabelMode parse_label_mode(std::string_view text);
 
 // The classes of an ImageFolder layout, exactly as torchvision assigns them: the first-level
-// directories (empty ones included), sorted bytewise.
+// directories (empty ones included), sorted as Python sorts the names it decodes (by code point;
+// bytes that are not UTF-8 as surrogate escapes), which is bytewise for valid UTF-8.
 std::vector<std::string> image_folder_classes(const SourceContents& contents);
 // The label of a file at `path`: the index of its first-level directory in `classes`, or
 // catalog::kNoLabel for a file directly in the root or under no listed class.

@@ -53,6 +53,7 @@ struct IngestCommandState {
   std::string metadata;
   std::string checksum = "xxh64";
   std::string progress = "auto";
+  bool no_follow_symlinks = false;
 };
 
 ProgressStyle parse_progress_style(const std::string& text) {
@@ -82,6 +83,9 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
                   "ImageFolder); none: no labels")
       ->check(CLI::IsMember({"auto", "none"}))
       ->capture_default_str();
+  sub->add_flag("--no-follow-symlinks", state->no_follow_symlinks,
+                "Skip symlinked directories of a directory SRC (by default they are walked "
+                "into, as torchvision's ImageFolder does)");
   sub->add_option("--metadata", state->metadata,
                   "JSONL file: one object per line with a \"path\" member; its other members "
                   "become that file's metadata");
@@ -116,6 +120,7 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
     options.source = state->source;
     options.labels = parse_label_mode(state->labels);
     if (!state->metadata.empty()) options.metadata_file = state->metadata;
+    options.follow_directory_symlinks = !state->no_follow_symlinks;
     options.checksum =
         state->checksum == "none" ? catalog::ChecksumKind::kNone : catalog::ChecksumKind::kXxh64;
     options.progress = parse_progress_style(state->progress);

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "src/catalog/names.h"
 
@@ -236,7 +236,7 @@ std::string url_to_relative_path(std::string_view url) {
 
 std::vector<UrlListEntry> parse_url_list(std::string_view text, std::string_view list_name) {
   std::vector<UrlListEntry> entries;
-  std::unordered_set<std::string> seen;
+  std::unordered_map<std::string, size_t> line_of_path;
   for_each_content_line(text, [&](size_t line_number, std::string_view line) {
     const std::string context = fmt::format("{}:{}", list_name, line_number);
     const auto space = line.find_first_of(" \t");
@@ -259,7 +259,7 @@ std::vector<UrlListEntry> parse_url_list(std::string_view text, std::string_view
     if (entry.relative_path.empty()) {
       throw std::invalid_argument(fmt::format("{}: the relative path is empty", context));
     }
-    if (!seen.insert(entry.relative_path).second) {
+    if (!line_of_path.emplace(entry.relative_path, line_number).second) {
       throw std::invalid_argument(
           fmt::format("{}: path '{}' is listed twice; give distinct paths as a second column",
                       context, entry.relative_path));
@@ -268,6 +268,20 @@ std::vector<UrlListEntry> parse_url_list(std::string_view text, std::string_view
   });
   if (entries.empty()) {
     throw std::invalid_argument(fmt::format("URL list '{}' lists no URLs", list_name));
+  }
+  // A path that another entry needs as a directory would only fail once everything has been
+  // downloaded; say so now, naming both lines.
+  for (const auto& entry : entries) {
+    for (size_t slash = entry.relative_path.find('/'); slash != std::string::npos;
+         slash = entry.relative_path.find('/', slash + 1)) {
+      const auto file = line_of_path.find(entry.relative_path.substr(0, slash));
+      if (file != line_of_path.end()) {
+        throw std::invalid_argument(fmt::format(
+            "{}:{}: path '{}' needs '{}' to be a directory, but line {} stores a file there; "
+            "give distinct paths as a second column",
+            list_name, entry.line, entry.relative_path, file->first, file->second));
+      }
+    }
   }
   return entries;
 }

@@ -68,11 +68,14 @@ struct FileRecord {
 struct SourceContents {
   std::vector<DirectoryRecord> directories;  // the root ("") first when the source has one
   std::vector<FileRecord> files;
-  uint64_t skipped = 0;  // special files and symlinked directories, each warned about
+  uint64_t skipped = 0;  // special files, symlink loops, unfollowed symlinked directories
 };
 
 struct SourceOptions {
   unsigned parallelism = 4;  // reader threads (directory) or concurrent transfers (URLs)
+  // Directories: walk into symlinked directories, as torchvision's ImageFolder does (loops are
+  // skipped with a warning); false skips them with a warning.
+  bool follow_directory_symlinks = false;
   uint64_t chunk_size = 4ull << 20;
   catalog::ChecksumKind checksum = catalog::ChecksumKind::kXxh64;
   // URL lists: tries per URL on transient failures, and limits that keep a stalled server from

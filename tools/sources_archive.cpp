@@ -1,6 +1,8 @@
 // A tar (or any archive libarchive reads, compressed or not), streamed once in member order.
 #include <archive.h>
 #include <archive_entry.h>
+#include <langinfo.h>
+#include <locale.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -22,6 +24,29 @@ int64_t entry_mtime_ns(archive_entry* entry) {
          archive_entry_mtime_nsec(entry);
 }
 
+// Makes this thread's LC_CTYPE UTF-8 while it lives (unless it already is). libarchive converts
+// pax names (UTF-8 by the standard) to the locale's charset; in the C locale every non-ASCII
+// name fails that conversion and warns twice per member, although the bytes it keeps are right.
+class Utf8CtypeForThisThread {
+ public:
+  Utf8CtypeForThisThread() {
+    if (std::string_view(::nl_langinfo(CODESET)) == "UTF-8") return;
+    utf8_ = ::newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
+    if (utf8_ != static_cast<locale_t>(0)) previous_ = ::uselocale(utf8_);
+  }
+  ~Utf8CtypeForThisThread() {
+    if (utf8_ == static_cast<locale_t>(0)) return;
+    ::uselocale(previous_);
+    ::freelocale(utf8_);
+  }
+  Utf8CtypeForThisThread(const Utf8CtypeForThisThread&) = delete;
+  Utf8CtypeForThisThread& operator=(const Utf8CtypeForThisThread&) = delete;
+
+ private:
+  locale_t utf8_ = static_cast<locale_t>(0);
+  locale_t previous_ = static_cast<locale_t>(0);
+};
+
 class ArchiveSource final : public Source {
  public:
   ArchiveSource(const std::filesystem::path& path, const SourceOptions& options)
@@ -29,6 +54,7 @@ class ArchiveSource final : public Source {
         options_(options) {}
 
   SourceContents read(SourceSink& sink) override {
+    const Utf8CtypeForThisThread utf8_names;  // before libarchive looks up the charset
     std::unique_ptr<archive, decltype(&archive_read_free)> reader(archive_read_new(),
                                                                   &archive_read_free);
     if (!reader) throw std::bad_alloc();

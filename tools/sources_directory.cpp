@@ -69,7 +69,8 @@ class DirectorySource final : public Source {
     }
     contents.directories.push_back(
         DirectoryRecord{"", detail::mtime_ns_of(root_stat), root_stat.st_mode & 07777u});
-    walk("", contents, sink);
+    std::vector<DirectoryId> ancestors{DirectoryId{root_stat.st_dev, root_stat.st_ino}};
+    walk("", ancestors, contents, sink);
 
     uint64_t total_bytes = 0;
     for (const auto& file : contents.files) total_bytes += file.size;
@@ -96,7 +97,15 @@ class DirectorySource final : public Source {
     return relative.empty() ? root_ : root_ + '/' + relative;
   }
 
-  void walk(const std::string& relative_dir, SourceContents& contents, SourceSink& sink) {
+  struct DirectoryId {
+    dev_t device;
+    ino_t inode;
+    bool operator==(const DirectoryId&) const = default;
+  };
+
+  // `ancestors`: the directories from the root down to relative_dir, to detect symlink loops.
+  void walk(const std::string& relative_dir, std::vector<DirectoryId>& ancestors,
+            SourceContents& contents, SourceSink& sink) {
     sink.check_stop();
     const std::string dir_path = absolute(relative_dir);
     struct Child {
@@ -142,21 +151,30 @@ class DirectorySource final : public Source {
           ++contents.skipped;
           continue;
         }
-        if (S_ISDIR(st.st_mode)) {
+        if (S_ISDIR(st.st_mode) && !options_.follow_directory_symlinks) {
           spdlog::warn("skipping '{}': symlink to a directory (not followed)", path);
           ++contents.skipped;
           continue;
         }
-        if (!S_ISREG(st.st_mode)) {
+        if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
           spdlog::warn("skipping '{}': symlink to a {}", path, file_type_name(st.st_mode));
           ++contents.skipped;
           continue;
         }
       }
       if (S_ISDIR(st.st_mode)) {
+        const DirectoryId id{st.st_dev, st.st_ino};
+        if (std::find(ancestors.begin(), ancestors.end(), id) != ancestors.end()) {
+          spdlog::warn("skipping '{}': it leads back to a directory that contains it (a loop)",
+                       path);
+          ++contents.skipped;
+          continue;
+        }
         contents.directories.push_back(
             DirectoryRecord{relative, detail::mtime_ns_of(st), st.st_mode & 07777u});
-        walk(relative, contents, sink);
+        ancestors.push_back(id);
+        walk(relative, ancestors, contents, sink);
+        ancestors.pop_back();
       } else if (S_ISREG(st.st_mode)) {
         FileRecord file;
         file.path = relative;

@@ -322,8 +322,10 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
   // The flip: WATCH makes a concurrent publish of the same name abort ours instead of
   // interleaving; MULTI/EXEC replaces every field at once (info is one key, one slot).
   const std::string info_key = keys.info(name);
+  const std::string gens_key = keys.generations(name);
   for (int attempt = 0;; ++attempt) {
-    conn.command({"WATCH", info_key}).expect_ok("WATCH info");
+    // gens is watched too: an rm that deletes it meanwhile aborts the flip.
+    conn.command({"WATCH", info_key, gens_key}).expect_ok("WATCH info gens");
     const store::Reply current = conn.command({"HGET", info_key, "generation"});
     current.expect_ok("HGET generation");
     const uint64_t current_generation =
@@ -334,6 +336,19 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
           "dataset '{}': generation {} was published while this one ({}) was being written; "
           "keeping the newer one (this generation's keys are collected later)",
           name, current_generation, info.generation));
+    }
+    // begin_generation recorded G in gens; if it is gone, `dsfs rm` or a Redis that lost data
+    // (a restart without persistence) took objects of G with it: publishing would expose a
+    // dataset with missing files.
+    if (conn.command({"SISMEMBER", gens_key, std::to_string(info.generation)})
+            .expect_ok("SISMEMBER gens")
+            .integer() == 0) {
+      conn.command({"UNWATCH"});
+      throw std::runtime_error(fmt::format(
+          "dataset '{}': generation {} is no longer recorded in {}: the dataset was removed "
+          "(`dsfs rm`) or Redis lost data while it was being written, so its objects may be "
+          "incomplete; ingest it again",
+          name, info.generation, gens_key));
     }
     info.previous_generation =
         current_generation == info.generation ? info.previous_generation : current_generation;
@@ -508,6 +523,15 @@ DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& key
     }
     info = std::move(now);
   }
+}
+
+std::vector<std::string> live_leases(store::Connection& conn, const KeySchema& keys,
+                                     const std::string& name) {
+  validate_dataset_name(name);
+  const std::string key = keys.readers(name);
+  const std::string now = std::to_string(server_time_ms(conn));
+  return string_elements(conn.command({"ZRANGEBYSCORE", key, "(" + now, "+inf"}),
+                         fmt::format("ZRANGEBYSCORE {}", key));
 }
 
 std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& keys,

@@ -99,6 +99,11 @@ DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& key
 std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& keys,
                                       const std::string& name);
 
+// Members ("GEN:READER_ID") of the unexpired leases on `name`, by the server's clock: the
+// readers (mounts) using it now. Two round trips; changes nothing.
+std::vector<std::string> live_leases(store::Connection& conn, const KeySchema& keys,
+                                     const std::string& name);
+
 // Removes every key of the dataset (info, manifests, objects of all generations, leases) in
 // batches, and its name from the datasets set. Throws DatasetNotFound if it does not exist.
 // progress(keys_deleted) is called after each batch.

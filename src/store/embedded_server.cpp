@@ -71,8 +71,10 @@ class FileLock {
   explicit FileLock(const fs::path& path)
       : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
     if (fd_ < 0) {
-      throw std::runtime_error(
-          fmt::format("cannot open lock file {}: {}", path.string(), std::strerror(errno)));
+      throw std::runtime_error(fmt::format(
+          "cannot open lock file {}: {} (set DSFS_HOME to a writable directory, or give --redis "
+          "URL)",
+          path.string(), std::strerror(errno)));
     }
     const auto deadline = Clock::now() + kLockTimeout;
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
