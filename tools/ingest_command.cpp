@@ -15,9 +15,12 @@ namespace dsfs::tools {
 namespace {
 
 std::atomic<bool> g_stop_signalled{false};
-static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+std::atomic<int> g_stop_signal{0};  // which signal, for the conventional 128+N exit status
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "the signal handler needs lock-free atomics");
 
-extern "C" void on_stop_signal(int) {
+extern "C" void on_stop_signal(int signal_number) {
+  g_stop_signal.store(signal_number);
   g_stop_signalled.store(true);
 }
 
@@ -27,6 +30,7 @@ class StopSignalGuard {
  public:
   StopSignalGuard() {
     g_stop_signalled = false;
+    g_stop_signal = 0;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
@@ -136,7 +140,8 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
       fmt::print("{}\n", format_ingest_summary(options.dataset, result));
     } catch (const IngestInterrupted& e) {
       fmt::print(stderr, "dsfs: {}\n", e.what());
-      throw cli::ExitCode{130};
+      const int signal_number = g_stop_signal.load();
+      throw cli::ExitCode{128 + (signal_number != 0 ? signal_number : SIGINT)};
     }
   });
 }
