@@ -143,8 +143,18 @@ std::string lease_member(uint64_t gen, std::string_view reader_id) {
 std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema& keys) {
   auto names = string_elements(conn.command({"SMEMBERS", keys.datasets()}),
                                fmt::format("SMEMBERS {}", keys.datasets()));
-  std::sort(names.begin(), names.end());
-  return names;
+  // begin_generation adds a name before its first publish (so a crash between the info flip
+  // and anything after it cannot hide a published dataset); only names with info are published.
+  std::vector<std::vector<std::string>> exists;
+  exists.reserve(names.size());
+  for (const std::string& name : names) exists.push_back({"EXISTS", keys.info(name)});
+  std::vector<std::string> published;
+  store::pipeline(conn, exists, 64, [&](size_t i, const store::Reply& reply) {
+    reply.expect_ok("EXISTS info");
+    if (reply.integer() != 0) published.push_back(names[i]);
+  });
+  std::sort(published.begin(), published.end());
+  return published;
 }
 
 DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std::string& name) {
@@ -271,6 +281,8 @@ uint64_t begin_generation(store::Connection& conn, const KeySchema& keys, const 
       conn.command({"INCR", keys.next_generation(name)}).expect_ok("INCR nextgen").integer();
   // Recorded before any object is written, so GC and rm always find this generation's keys.
   conn.command({"SADD", keys.generations(name), std::to_string(gen)}).expect_ok("SADD gens");
+  // Listed from now on, but list_datasets shows it only once its info exists (published).
+  conn.command({"SADD", keys.datasets(), name}).expect_ok("SADD datasets");
   return static_cast<uint64_t>(gen);
 }
 

@@ -107,6 +107,17 @@ TEST_F(DatasetTest, GenerationsAreFreshAndRecorded) {
   EXPECT_THROW(begin_generation(*conn_, keys_, "a:b"), std::invalid_argument);
 }
 
+// The name joins the datasets set before anything is written, so a crash between the info flip
+// and the end of publish cannot leave a published dataset out of `dsfs list` and mounts; until
+// its info exists, list_datasets does not show it.
+TEST_F(DatasetTest, NameIsRecordedAtBeginButListedOnlyOncePublished) {
+  begin_generation(*conn_, keys_, "ds");
+  EXPECT_EQ(conn_->command({"SISMEMBER", keys_.datasets(), "ds"}).integer(), 1);
+  EXPECT_TRUE(list_datasets(*conn_, keys_).empty());
+  ingest("ds", sample_catalog(1));
+  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("ds"));
+}
+
 TEST_F(DatasetTest, PublishThenLoadRoundTrips) {
   const Catalog catalog = sample_catalog(1);
   const DatasetInfo published = ingest("ds", catalog);
