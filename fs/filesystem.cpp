@@ -74,6 +74,9 @@ void reply_xattr_bytes(fuse_req_t req, std::string_view bytes, size_t size) {
   }
 }
 
+// What an open .dsfs/stats.json handle (fuse_file_info::fh) points to.
+using StatsSnapshot = std::shared_ptr<const std::string>;
+
 // Fills a readdir reply buffer of at most `size` bytes.
 class DirectoryBuffer {
  public:
@@ -426,7 +429,8 @@ struct Handlers {
       switch (ref.kind) {
         case InodeRef::Kind::kStats: {
           // A fresh snapshot per open, read with direct I/O so every reader sees the current one.
-          auto snapshot = std::make_unique<std::string>(fs.stats_json());
+          auto snapshot =
+              std::make_unique<StatsSnapshot>(std::make_shared<const std::string>(fs.stats_json()));
           fi->direct_io = 1;
           fi->fh = reinterpret_cast<uint64_t>(snapshot.get());
           if (fuse_reply_open(req, fi) == 0) snapshot.release();
@@ -465,8 +469,12 @@ struct Handlers {
         fuse_reply_buf(req, text.data() + from, length);
       };
       switch (ref.kind) {
-        case InodeRef::Kind::kStats:
-          return reply_text(*reinterpret_cast<const std::string*>(fi->fh));
+        case InodeRef::Kind::kStats: {
+          // Our own reference: RELEASE may free the handle's on another thread as soon as the
+          // reader has the bytes, while this thread is still inside fuse_reply_buf.
+          const StatsSnapshot snapshot = *reinterpret_cast<const StatsSnapshot*>(fi->fh);
+          return reply_text(*snapshot);
+        }
         case InodeRef::Kind::kMeta:
           if (!dataset_of(fs, ref) || ref.meta == MetaFile::kDirectory) {
             return fail(fs, req, EISDIR);
@@ -503,7 +511,7 @@ struct Handlers {
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     guarded(req, Op::kRelease, [&](Filesystem&) {
       if (ino == kStatsInode) {
-        const std::unique_ptr<std::string> snapshot(reinterpret_cast<std::string*>(fi->fh));
+        const std::unique_ptr<StatsSnapshot> snapshot(reinterpret_cast<StatsSnapshot*>(fi->fh));
       }
       fuse_reply_err(req, 0);
     });
