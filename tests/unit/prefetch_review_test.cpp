@@ -29,6 +29,8 @@ namespace {
 thread_local int fail_allocation_in = 0;
 }  // namespace
 
+// GCC at -O2 cannot see that this malloc-backed new pairs with the free-backed deletes below.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t size) {
   if (fail_allocation_in > 0 && --fail_allocation_in == 0) throw std::bad_alloc();
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
