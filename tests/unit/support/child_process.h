@@ -10,8 +10,10 @@ namespace dsfs::test {
 
 // Runs args[0] (searched on PATH) with `args`. The destructor terminates and reaps it; if the
 // test binary dies first (crash, ctest timeout) the kernel sends it SIGTERM (PR_SET_PDEATHSIG),
-// so no test leaves a process behind. That signal follows the creating *thread*: create children
-// on a thread that outlives them (the test's own thread does).
+// so no test leaves a process behind. That signal follows the *thread* that forked, so every
+// child is forked on one helper thread that lives as long as the test binary: any thread may
+// create, terminate or destroy a ChildProcess, e.g. a hook run on a worker thread that restarts
+// a TestRedisServer, and the child outlives that thread.
 class ChildProcess {
  public:
   // Throws std::runtime_error naming the program if it cannot be run.

@@ -79,6 +79,11 @@ void TestRedisServer::stop() {
   process_.reset();
 }
 
+void TestRedisServer::restart() {
+  stop();
+  start();
+}
+
 std::string TestRedisServer::log_text() const {
   std::ifstream in(dir() / "redis.log");
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -58,6 +58,10 @@ class TestRedisServer {
   void start();
   // SIGTERM and wait until it has exited; a no-op while stopped.
   void stop();
+  // stop() then start(): a clean restart (Redis flushes its append-only file on SIGTERM), so
+  // with persist every write it acknowledged is there again. Like start() and stop(), it may be
+  // called from any thread (one call at a time), e.g. from a hook the code under test runs.
+  void restart();
   bool running() const { return process_ != nullptr; }
 
   int port() const { return port_; }  // 0 with unix_socket

@@ -1,6 +1,6 @@
-// Review findings on the read path below FUSE: FileReader over a real ObjectFetcher and a real
-// redis-server (--verify on files larger than the cache, chunk numbers beyond 32 bits), and the
-// object cache's single-flight bookkeeping when memory runs out.
+// The read path below FUSE: FileReader over a real ObjectFetcher and a real redis-server
+// (--verify on files larger than the cache, chunks corrupted after the first check, chunk numbers
+// beyond 32 bits), and the object cache's single-flight bookkeeping when memory runs out.
 #include <gtest/gtest.h>
 #include <xxhash.h>
 

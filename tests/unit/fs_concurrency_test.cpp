@@ -1,4 +1,5 @@
-// Review findings on the FUSE request handlers, through a real in-process mount.
+// The FUSE request handlers under concurrent requests, through a real in-process mount: many
+// threads reading .dsfs/stats.json while other FUSE threads release the files they opened.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -43,7 +44,7 @@ class FsReview : public ::testing::Test {
     mount_ = std::make_unique<Mount>(nowhere, std::vector{std::move(d)}, options);
   }
 
-  test::TempDir dir_{"dsfs-fs-review"};
+  test::TempDir dir_{"dsfs-fs-concurrency"};
   std::unique_ptr<Mount> mount_;
 };
 

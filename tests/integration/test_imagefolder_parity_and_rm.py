@@ -1,6 +1,6 @@
-"""Ingest review, end to end: torchvision's ImageFolder assigns the same classes and labels to
-the source, to the mount and to .meta when class directories are symlinks or have names that
-are not UTF-8; `dsfs rm` refuses a dataset a mount is serving unless --force."""
+"""End to end: torchvision's ImageFolder assigns the same classes and labels to the source, to
+the mount and to .meta when class directories are symlinks or have names that are not UTF-8;
+`dsfs rm` refuses a dataset a mount is serving unless --force."""
 import os
 import unittest
 

@@ -1,145 +1,46 @@
-// Review of the ingest side: ImageFolder parity with torchvision (class order of names that are
-// not UTF-8, symlinked class directories), pax archives with UTF-8 names in the C locale,
-// URL-list path collisions found before downloading,
-// and what an ingest publishes when the dataset is removed, Redis restarts, or another ingest of
-// the same name wins while it runs. Self-contained helpers (tests/unit/support is in flux).
+// The ingest side's integrity: ImageFolder parity with torchvision (class order of names that
+// are not UTF-8, symlinked class directories), pax archives with UTF-8 names in the C locale,
+// URL-list path collisions found before downloading, what an ingest publishes when the dataset
+// is removed, Redis restarts, or another ingest of the same name wins while it runs (never a
+// generation with missing objects), and the embedded server's error on an unwritable DSFS_HOME.
 #include <archive.h>
 #include <archive_entry.h>
 #include <fmt/core.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <locale.h>
-#include <signal.h>
-#include <spawn.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "src/catalog/dataset.h"
 #include "src/store/connection.h"
 #include "src/store/embedded_server.h"
-#include "src/store/errors.h"
+#include "tests/unit/support/files.h"
+#include "tests/unit/support/test_redis.h"
 #include "tools/ingest.h"
 #include "tools/ingest_catalog.h"
 #include "tools/sources.h"
-
-extern char** environ;
 
 namespace dsfs::tools {
 namespace {
 
 namespace fs = std::filesystem;
-using namespace std::chrono_literals;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (fs::temp_directory_path() / "dsfs-review-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void put_file(const fs::path& path, std::string_view content) {
-  fs::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-}
-
-// A redis-server on a unix socket with an append-only file, restartable on the same socket and
-// data, so a test can take it away and bring it back as a crash-and-restart would.
-class RestartableRedis {
- public:
-  explicit RestartableRedis(fs::path dir) : dir_(std::move(dir)) { start(); }
-  ~RestartableRedis() { kill_server(); }
-
-  store::RedisEndpoint endpoint() const {
-    store::RedisEndpoint endpoint;
-    endpoint.transport = store::RedisEndpoint::Transport::kUnix;
-    endpoint.socket_path = (dir_ / "redis.sock").string();
-    return endpoint;
-  }
-
-  // SHUTDOWN (the AOF is flushed: nothing acknowledged is lost), then start again.
-  void restart() {
-    try {
-      store::Connection conn(endpoint());
-      conn.command({"SHUTDOWN"});
-    } catch (const store::ConnectionError&) {
-    }
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = 0;
-    start();
-  }
-
- private:
-  void start() {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     "0",
-                                     "--unixsocket",
-                                     (dir_ / "redis.sock").string(),
-                                     "--dir",
-                                     dir_.string(),
-                                     "--appendonly",
-                                     "yes",
-                                     "--appendfsync",
-                                     "always",
-                                     "--save",
-                                     "",
-                                     "--logfile",
-                                     (dir_ / "redis.log").string()};
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    if (::posix_spawnp(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot run redis-server");
-    }
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      try {
-        store::Connection probe(endpoint());
-        if (probe.command({"PING"}).str() == "PONG") return;
-      } catch (const store::ConnectionError&) {
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    throw std::runtime_error("redis-server did not start");
-  }
-  void kill_server() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-  }
-
-  fs::path dir_;
-  pid_t pid_ = 0;
-};
+using test::TempDir;
+using test::write_file;
 
 // This thread's LC_CTYPE is C.UTF-8 while it lives.
 class ThreadLocaleUtf8 {
@@ -208,10 +109,10 @@ TEST(ImageFolderParity, ClassesSortAsPythonSortsTheDecodedNames) {
 }
 
 TEST(ImageFolderParity, SymlinkedClassDirectoriesAreFollowedAndLoopsSkipped) {
-  ScratchDir tmp;
+  TempDir tmp;
   const fs::path root = tmp.path() / "train";
-  put_file(root / "b_real" / "1.jpg", "one");
-  put_file(tmp.path() / "elsewhere" / "a_linked" / "2.jpg", "two");
+  write_file(root / "b_real" / "1.jpg", "one");
+  write_file(tmp.path() / "elsewhere" / "a_linked" / "2.jpg", "two");
   fs::create_directory_symlink(tmp.path() / "elsewhere" / "a_linked", root / "a_linked");
   fs::create_directory_symlink("..", root / "b_real" / "loop");  // back to the root
 
@@ -237,7 +138,7 @@ TEST(ImageFolderParity, IngestFollowsSymlinkedDirectoriesByDefault) {
 // ---- Archives ----------------------------------------------------------------------------------
 
 TEST(ArchiveReview, PaxNamesInUtf8AreReadWithoutAWarningPerMember) {
-  ScratchDir tmp;
+  TempDir tmp;
   const fs::path tar = tmp.path() / "names.tar";
   {
     const ThreadLocaleUtf8 utf8;  // as tar(1) writes in a UTF-8 locale: pax `path` in UTF-8
@@ -298,11 +199,14 @@ TEST(UrlListReview, PathThatAnotherEntryNeedsAsADirectoryFailsBeforeDownloading)
 
 class PublishReviewTest : public ::testing::Test {
  protected:
-  PublishReviewTest() : redis_(tmp_.path()), keys_("dsfs") {
+  // On a unix socket with an append-only file fsynced on every write: restart() brings back
+  // everything Redis acknowledged, as a clean crash-and-restart would.
+  PublishReviewTest()
+      : redis_(test::TestRedisOptions{.unix_socket = true, .persist = true}), keys_("dsfs") {
     for (int c = 0; c < 4; ++c) {
       for (int i = 0; i < 60; ++i) {
-        put_file(source_ / fmt::format("c{}", c) / fmt::format("{}.jpg", i),
-                 std::string(1000 + i, static_cast<char>('a' + c)));
+        write_file(source_ / fmt::format("c{}", c) / fmt::format("{}.jpg", i),
+                   std::string(1000 + i, static_cast<char>('a' + c)));
       }
     }
   }
@@ -336,9 +240,9 @@ class PublishReviewTest : public ::testing::Test {
     }
   }
 
-  ScratchDir tmp_;
+  TempDir tmp_;
   fs::path source_ = tmp_.path() / "src";
-  RestartableRedis redis_;
+  test::TestRedisServer redis_;
   catalog::KeySchema keys_;
 };
 
@@ -410,7 +314,7 @@ TEST_F(PublishReviewTest, RestartThatLostNothingStillPublishes) {
 
 TEST_F(PublishReviewTest, LoserOfTwoConcurrentIngestsNamesTheWinner) {
   const fs::path other = tmp_.path() / "other";
-  put_file(other / "k" / "only.jpg", "winner");
+  write_file(other / "k" / "only.jpg", "winner");
   IngestOptions o = options(source_);
   std::atomic<bool> raced{false};
   o.on_piece_written = [&](uint64_t pieces) {
@@ -438,7 +342,7 @@ TEST_F(PublishReviewTest, LoserOfTwoConcurrentIngestsNamesTheWinner) {
 // -----------------------------------------------------------------------------
 
 TEST(EmbeddedServerReview, UnwritableHomeSaysWhatToDo) {
-  ScratchDir tmp;
+  TempDir tmp;
   // The lock file cannot be opened for writing, as on a read-only DSFS_HOME whose directories
   // already exist.
   fs::create_directories(tmp.path() / "redis" / "data");

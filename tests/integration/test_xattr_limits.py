@@ -1,5 +1,6 @@
-"""Review findings on the mounted filesystem, end to end: the real dsfs binary, a real
-redis-server and a real FUSE mount."""
+"""Extended attributes at the kernel's size limit, end to end (the real dsfs binary, a real
+redis-server and a real FUSE mount): a user.dsfs.meta too long to read is not listed, so tools
+that copy every listed xattr work on such files."""
 import errno
 import json
 import os
