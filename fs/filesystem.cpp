@@ -703,7 +703,9 @@ struct Handlers {
   }
 
   // The mount is read-only; the kernel already refuses most changes, these answer the rest.
-  static void refuse(fuse_req_t req) {
+  // A template so one definition fits every operation's signature (deduced on assignment).
+  template <typename... Ignored>
+  static void refuse(fuse_req_t req, Ignored...) {
     guarded(req, Op::kWrite, [&](Filesystem& fs) { fail(fs, req, EROFS); });
   }
 };
@@ -724,31 +726,19 @@ const fuse_lowlevel_ops& Filesystem::operations() {
     o.statfs = &Handlers::statfs;
     o.getxattr = &Handlers::getxattr;
     o.listxattr = &Handlers::listxattr;
-    o.setattr = [](fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) {
-      Handlers::refuse(req);
-    };
-    o.mknod = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { Handlers::refuse(req); };
-    o.mkdir = [](fuse_req_t req, fuse_ino_t, const char*, mode_t) { Handlers::refuse(req); };
-    o.unlink = [](fuse_req_t req, fuse_ino_t, const char*) { Handlers::refuse(req); };
-    o.rmdir = [](fuse_req_t req, fuse_ino_t, const char*) { Handlers::refuse(req); };
-    o.symlink = [](fuse_req_t req, const char*, fuse_ino_t, const char*) { Handlers::refuse(req); };
-    o.rename = [](fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) {
-      Handlers::refuse(req);
-    };
-    o.link = [](fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { Handlers::refuse(req); };
-    o.write = [](fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
-      Handlers::refuse(req);
-    };
-    o.create = [](fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) {
-      Handlers::refuse(req);
-    };
-    o.setxattr = [](fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
-      Handlers::refuse(req);
-    };
-    o.removexattr = [](fuse_req_t req, fuse_ino_t, const char*) { Handlers::refuse(req); };
-    o.fallocate = [](fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
-      Handlers::refuse(req);
-    };
+    o.setattr = &Handlers::refuse;
+    o.mknod = &Handlers::refuse;
+    o.mkdir = &Handlers::refuse;
+    o.unlink = &Handlers::refuse;
+    o.rmdir = &Handlers::refuse;
+    o.symlink = &Handlers::refuse;
+    o.rename = &Handlers::refuse;
+    o.link = &Handlers::refuse;
+    o.write = &Handlers::refuse;
+    o.create = &Handlers::refuse;
+    o.setxattr = &Handlers::refuse;
+    o.removexattr = &Handlers::refuse;
+    o.fallocate = &Handlers::refuse;
     return o;
   }();
   return ops;
