@@ -13,9 +13,7 @@ size_t ObjectKeyHash::operator()(const ObjectKey& key) const {
   return static_cast<size_t>(XXH3_64bits(words, sizeof(words)));
 }
 
-ObjectCache::ObjectCache(uint64_t capacity_bytes) : capacity_bytes_(capacity_bytes) {
-  stats_.capacity_bytes = capacity_bytes;
-}
+ObjectCache::ObjectCache(uint64_t capacity_bytes) : capacity_bytes_(capacity_bytes) {}
 
 ObjectBuffer ObjectCache::get(const ObjectKey& key, const std::function<ObjectBuffer()>& load) {
   std::vector<ObjectBuffer> result =
@@ -144,6 +142,7 @@ ObjectBuffer ObjectCache::peek(const ObjectKey& key) const {
 CacheStats ObjectCache::stats() const {
   std::lock_guard lock(mutex_);
   CacheStats snapshot = stats_;
+  snapshot.capacity_bytes = capacity_bytes_;
   snapshot.entries = index_.size();
   return snapshot;
 }
