@@ -145,10 +145,7 @@ void rm_command(const cli::GlobalOptions& global, const std::string& name,
   ProgressOptions progress_options;
   progress_options.unit = "keys";
   progress_options.show_bytes = false;
-  progress_options.style = progress_style == "none"    ? ProgressStyle::kQuiet
-                           : progress_style == "bar"   ? ProgressStyle::kBar
-                           : progress_style == "lines" ? ProgressStyle::kLines
-                                                       : ProgressStyle::kAuto;
+  progress_options.style = parse_progress_style(progress_style);
   Progress progress(fmt::format("rm {}", name), progress_options);
   uint64_t reported = 0;
   const uint64_t deleted = catalog::remove_dataset(conn, keys, name, [&](uint64_t keys_deleted) {

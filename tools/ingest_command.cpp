@@ -60,13 +60,6 @@ struct IngestCommandState {
   bool no_follow_symlinks = false;
 };
 
-ProgressStyle parse_progress_style(const std::string& text) {
-  if (text == "bar") return ProgressStyle::kBar;
-  if (text == "lines") return ProgressStyle::kLines;
-  if (text == "none") return ProgressStyle::kQuiet;
-  return ProgressStyle::kAuto;
-}
-
 }  // namespace
 
 void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {

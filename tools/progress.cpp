@@ -71,6 +71,13 @@ std::string format_progress(const ProgressSnapshot& s) {
   return line;
 }
 
+ProgressStyle parse_progress_style(std::string_view text) {
+  if (text == "bar") return ProgressStyle::kBar;
+  if (text == "lines") return ProgressStyle::kLines;
+  if (text == "none") return ProgressStyle::kQuiet;
+  return ProgressStyle::kAuto;
+}
+
 Progress::Progress(std::string label, ProgressOptions options)
     : label_(std::move(label)), options_(std::move(options)) {
   if (options_.style == ProgressStyle::kAuto) {

@@ -36,6 +36,8 @@ std::string format_duration(double seconds);
 std::string format_count(uint64_t value);
 
 enum class ProgressStyle { kAuto, kBar, kLines, kQuiet };
+// A --progress value: "bar", "lines", "none"; anything else (i.e. "auto") is kAuto.
+ProgressStyle parse_progress_style(std::string_view text);
 
 struct ProgressOptions {
   ProgressStyle style = ProgressStyle::kAuto;  // kAuto: a bar on a terminal, lines otherwise
