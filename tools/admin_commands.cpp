@@ -183,7 +183,6 @@ void register_admin_commands(CLI::App& app, cli::GlobalOptions& global) {
   {
     struct RmState {
       std::string name;
-      bool yes = false;
       bool force = false;
       std::string progress = "auto";
     };
@@ -191,7 +190,7 @@ void register_admin_commands(CLI::App& app, cli::GlobalOptions& global) {
     CLI::App* sub = app.add_subcommand(
         "rm", "Remove a dataset: every generation's keys, in batches that never block Redis long");
     sub->add_option("NAME", state->name, "Dataset name")->required();
-    sub->add_flag("--yes,-y", state->yes, "Accepted for scripts; rm never asks");
+    sub->add_flag("--yes,-y")->description("Accepted for scripts; rm never asks");
     sub->add_flag("--force,-f", state->force,
                   "Remove the dataset even while a mount serves it (its reads then fail)");
     sub->add_option("--progress", state->progress, "auto, bar, lines or none")
