@@ -50,7 +50,7 @@ RedisPieceWriter::RedisPieceWriter(const store::RedisEndpoint& endpoint,
   std::vector<store::Connection> connections;
   connections.reserve(options_.connections);
   for (unsigned i = 0; i < options_.connections; ++i) {
-    connections.emplace_back(endpoint_, options_.connect);
+    connections.emplace_back(endpoint_);
   }
   workers_.reserve(connections.size());
   try {
@@ -149,7 +149,7 @@ void RedisPieceWriter::worker(store::Connection connection) {
             cause));
       }
       try {
-        conn.emplace(endpoint_, options_.connect);
+        conn.emplace(endpoint_);
       } catch (const store::ConnectionError&) {
         return false;
       }
@@ -188,7 +188,6 @@ void RedisPieceWriter::worker(store::Connection connection) {
         backoff = std::chrono::milliseconds(50);
         outstanding_bytes -= done.bytes.size();
         release(done.bytes.size());
-        bytes_written_ += done.bytes.size();
         // Progress counts what Redis holds, not what was read ahead of it.
         if (progress_) progress_->add(done.completes_object ? 1 : 0, done.bytes.size());
         const uint64_t pieces = ++pieces_written_;

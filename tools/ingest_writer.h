@@ -29,7 +29,6 @@ struct WriterOptions {
   uint64_t max_bytes_in_flight = 256ull << 20;  // queued plus unacknowledged, all connections
   // How long a connection may keep failing before the ingest gives up.
   std::chrono::milliseconds reconnect_budget{15000};
-  store::ConnectOptions connect;
   // Called (from writer threads) after each acknowledged piece with the total so far; tests use
   // it to interrupt an ingest part-way.
   std::function<void(uint64_t pieces_written)> on_piece_written;
@@ -58,8 +57,6 @@ class RedisPieceWriter final : public SourceSink {
   void abort();
   // The first write error, if any.
   std::exception_ptr error() const;
-  uint64_t pieces_written() const { return pieces_written_; }
-  uint64_t bytes_written() const { return bytes_written_; }
 
  private:
   struct Piece {
@@ -90,7 +87,6 @@ class RedisPieceWriter final : public SourceSink {
   std::atomic<bool> stopping_{false};
   std::exception_ptr error_;
   std::atomic<uint64_t> pieces_written_{0};
-  std::atomic<uint64_t> bytes_written_{0};
   std::vector<std::thread> workers_;
 };
 
