@@ -132,8 +132,10 @@ void RedisPieceWriter::worker(store::Connection connection) {
       conn->append(
           {std::string_view("SET"), std::string_view(piece.key), std::string_view(piece.bytes)});
     };
-    // Sleeps, then tries once to connect again; false while Redis stays away (within budget).
-    auto try_reconnect = [&](const std::string& cause, std::chrono::milliseconds backoff) {
+    std::chrono::milliseconds backoff{50};
+    // Sleeps `backoff`, then tries once to connect again; false (and the backoff doubled, up to
+    // 1 s) while Redis stays away (within budget).
+    auto try_reconnect = [&](const std::string& cause) {
       const auto deadline = Clock::now() + backoff;
       while (Clock::now() < deadline) {
         if (stop_requested()) return false;
@@ -151,20 +153,17 @@ void RedisPieceWriter::worker(store::Connection connection) {
       try {
         conn.emplace(endpoint_);
       } catch (const store::ConnectionError&) {
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
         return false;
       }
       for (const auto& piece : outstanding) send(piece);
       return true;
     };
 
-    std::chrono::milliseconds backoff{50};
     for (;;) {
       if (!conn) {
         if (stop_requested()) return;
-        if (!try_reconnect("reconnect failed", backoff)) {
-          backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-          continue;
-        }
+        if (!try_reconnect("reconnect failed")) continue;
       }
       while (outstanding.size() < options_.window_pieces &&
              (outstanding.empty() || outstanding_bytes < options_.window_bytes)) {
@@ -199,9 +198,7 @@ void RedisPieceWriter::worker(store::Connection connection) {
                        endpoint_.describe(), e.what());
         }
         conn.reset();
-        if (!try_reconnect(e.what(), backoff)) {
-          backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-        }
+        try_reconnect(e.what());
       }
     }
   } catch (...) {
