@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "src/catalog/names.h"
+#include "tools/sources_internal.h"
 
 namespace dsfs::tools {
 namespace {
@@ -104,15 +105,15 @@ bool libarchive_recognises(const std::filesystem::path& file) {
   return status == ARCHIVE_EOF && archive_format(reader.get()) != ARCHIVE_FORMAT_EMPTY;
 }
 
-void ensure_curl_initialised() {
+}  // namespace
+
+void detail::ensure_curl_initialised() {
   static const CURLcode status = curl_global_init(CURL_GLOBAL_DEFAULT);
   if (status != CURLE_OK) {
     throw std::runtime_error(
         fmt::format("cannot initialise libcurl: {}", curl_easy_strerror(status)));
   }
 }
-
-}  // namespace
 
 std::string_view to_string(SourceKind kind) {
   switch (kind) {
@@ -208,7 +209,7 @@ std::string normalize_relative_path(std::string_view path, std::string_view cont
 }
 
 std::string url_to_relative_path(std::string_view url) {
-  ensure_curl_initialised();
+  detail::ensure_curl_initialised();
   std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> handle(curl_url(), &curl_url_cleanup);
   if (!handle) throw std::bad_alloc();
   const std::string url_text(url);

@@ -14,6 +14,9 @@
 
 namespace dsfs::tools::detail {
 
+// curl_global_init, once per process (the first call's failure is rethrown by every call).
+void ensure_curl_initialised();
+
 inline int64_t mtime_ns_of(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }

@@ -79,9 +79,7 @@ class UrlListSource final : public Source {
       : Source(SourceKind::kUrlList, std::move(description)),
         entries_(std::move(entries)),
         options_(options) {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-      throw std::runtime_error("cannot initialise libcurl");
-    }
+    detail::ensure_curl_initialised();
   }
 
   SourceContents read(SourceSink& sink) override {
