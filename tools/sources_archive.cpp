@@ -74,6 +74,7 @@ class ArchiveSource final : public Source {
     std::unordered_map<std::string, size_t> file_index;
     std::unordered_map<std::string, size_t> directory_index;
     uint64_t next_object_id = 0;
+    const std::string member_context = fmt::format("archive '{}'", description());
 
     for (;;) {
       sink.check_stop();
@@ -90,7 +91,6 @@ class ArchiveSource final : public Source {
         throw std::runtime_error(
             fmt::format("archive '{}' has a member without a path name", description()));
       }
-      const std::string member_context = fmt::format("archive '{}'", description());
       const std::string path = normalize_relative_path(raw_name, member_context);
       const auto type = archive_entry_filetype(entry);
       const uint32_t mode = archive_entry_perm(entry) & 07777u;
