@@ -76,19 +76,12 @@ class DirectorySource final : public Source {
     for (const auto& file : contents.files) total_bytes += file.size;
     sink.expect_totals(contents.files.size(), total_bytes);
 
-    std::atomic<size_t> next_file{0};
-    const unsigned threads = static_cast<unsigned>(
-        std::clamp<size_t>(options_.parallelism, 1, std::max<size_t>(contents.files.size(), 1)));
-    detail::run_workers(threads, [&](const std::atomic<bool>& stop) {
-      std::string block(kReadBlockBytes, '\0');
-      for (;;) {
-        if (stop) return;
-        sink.check_stop();
-        const size_t index = next_file++;
-        if (index >= contents.files.size()) return;
-        read_file(contents.files[index], block, sink);
-      }
-    });
+    detail::run_workers(
+        options_.parallelism, contents.files.size(), sink,
+        [] { return std::string(kReadBlockBytes, '\0'); },
+        [&](size_t index, std::string& block, const std::atomic<bool>&) {
+          read_file(contents.files[index], block, sink);
+        });
     return contents;
   }
 

@@ -2,10 +2,10 @@
 // Helpers shared by the source implementations (not part of the sources interface).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -21,18 +21,30 @@ inline int64_t mtime_ns_of(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
-// Runs `worker(stop)` on `threads` threads. The first exception thrown by a worker sets `stop`
-// for the others and is rethrown after all have joined; a real error is preferred over the
-// StopRequested that other workers throw while unwinding because of it.
-inline void run_workers(unsigned threads,
-                        const std::function<void(const std::atomic<bool>& stop)>& worker) {
+// Calls `work(index, state, stop)` for every index in [0, count) on min(parallelism, count)
+// threads (at least one), each with its own `state` from make_state(). A thread stops taking
+// indexes once `stop` is set, and throws StopRequested when the sink asks to stop. The first
+// exception thrown on a thread sets `stop` for the others and is rethrown after all have joined;
+// a real error is preferred over the StopRequested that other threads throw while unwinding
+// because of it.
+template <typename MakeState, typename Work>
+void run_workers(unsigned parallelism, size_t count, const SourceSink& sink, MakeState make_state,
+                 Work work) {
+  std::atomic<size_t> next_index{0};
   std::atomic<bool> stop{false};
   std::mutex error_mutex;
   std::exception_ptr first_error;
   bool first_is_stop = false;
   auto body = [&] {
     try {
-      worker(stop);
+      auto state = make_state();
+      for (;;) {
+        if (stop) return;
+        sink.check_stop();
+        const size_t index = next_index++;
+        if (index >= count) return;
+        work(index, state, stop);
+      }
     } catch (const StopRequested&) {
       std::lock_guard lock(error_mutex);
       if (!first_error) {
@@ -49,6 +61,8 @@ inline void run_workers(unsigned threads,
       stop = true;
     }
   };
+  const auto threads =
+      static_cast<unsigned>(std::clamp<size_t>(parallelism, 1, std::max<size_t>(count, 1)));
   std::vector<std::thread> pool;
   pool.reserve(threads);
   try {

@@ -91,20 +91,16 @@ class UrlListSource final : public Source {
     }
     sink.expect_totals(entries_.size(), 0);
 
-    std::atomic<size_t> next_entry{0};
-    const unsigned threads = static_cast<unsigned>(
-        std::clamp<size_t>(options_.parallelism, 1, std::max<size_t>(entries_.size(), 1)));
-    detail::run_workers(threads, [&](const std::atomic<bool>& stop) {
-      CurlEasy handle(curl_easy_init());
-      if (!handle) throw std::runtime_error("cannot create a libcurl handle");
-      for (;;) {
-        if (stop) return;
-        sink.check_stop();
-        const size_t index = next_entry++;
-        if (index >= entries_.size()) return;
-        fetch(handle.get(), entries_[index], contents.files[index], sink, stop);
-      }
-    });
+    detail::run_workers(
+        options_.parallelism, entries_.size(), sink,
+        [] {
+          CurlEasy handle(curl_easy_init());
+          if (!handle) throw std::runtime_error("cannot create a libcurl handle");
+          return handle;
+        },
+        [&](size_t index, CurlEasy& handle, const std::atomic<bool>& stop) {
+          fetch(handle.get(), entries_[index], contents.files[index], sink, stop);
+        });
     return contents;
   }
 
