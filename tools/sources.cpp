@@ -251,11 +251,14 @@ std::vector<UrlListEntry> parse_url_list(std::string_view text, std::string_view
     UrlListEntry entry;
     entry.url = std::string(url);
     entry.line = line_number;
-    try {
-      entry.relative_path = path_column.empty() ? url_to_relative_path(url)
-                                                : normalize_relative_path(path_column, context);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{}: {}", context, e.what()));
+    if (!path_column.empty()) {
+      entry.relative_path = normalize_relative_path(path_column, context);  // names `context`
+    } else {
+      try {
+        entry.relative_path = url_to_relative_path(url);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format("{}: {}", context, e.what()));
+      }
     }
     if (entry.relative_path.empty()) {
       throw std::invalid_argument(fmt::format("{}: the relative path is empty", context));
