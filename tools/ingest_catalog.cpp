@@ -98,14 +98,17 @@ LabelMode parse_label_mode(std::string_view text) {
 
 std::vector<std::string> image_folder_classes(const SourceContents& contents) {
   std::vector<std::string> classes;
+  // Sources list entries grouped by directory, so skipping a repeat of the last name keeps the
+  // list (and the sort below) about as short as the number of classes, not of files.
+  const auto add = [&](std::string_view top) {
+    if (classes.empty() || classes.back() != top) classes.emplace_back(top);
+  };
   for (const auto& directory : contents.directories) {
-    if (!directory.path.empty()) classes.emplace_back(first_component(directory.path));
+    if (!directory.path.empty()) add(first_component(directory.path));
   }
   // Archives and URL lists imply directories by their files' paths.
   for (const auto& file : contents.files) {
-    if (file.path.find('/') != std::string::npos) {
-      classes.emplace_back(first_component(file.path));
-    }
+    if (file.path.find('/') != std::string::npos) add(first_component(file.path));
   }
   std::sort(classes.begin(), classes.end(), python_name_less);
   classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
