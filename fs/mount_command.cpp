@@ -66,19 +66,6 @@ CLI::AsNumberWithUnit duration_units() {
       std::map<std::string, double>{{"ms", 0.001}, {"s", 1.0}, {"m", 60.0}, {"min", 60.0}});
 }
 
-std::vector<std::string> split_options(const std::vector<std::string>& lists) {
-  std::vector<std::string> options;
-  for (const std::string& list : lists) {
-    size_t start = 0;
-    while (start <= list.size()) {
-      const size_t comma = std::min(list.find(',', start), list.size());
-      if (comma > start) options.push_back(list.substr(start, comma - start));
-      start = comma + 1;
-    }
-  }
-  return options;
-}
-
 std::filesystem::path default_log_file(const std::filesystem::path& mountpoint) {
   const std::string base = mountpoint.filename().empty() ? "root" : mountpoint.filename().string();
   return store::EmbeddedServer::default_home() / "logs" / fmt::format("mount-{}.log", base);
@@ -177,7 +164,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   const size_t dataset_count = datasets.size();
   Filesystem filesystem(endpoint, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
-                                             .fuse_options = split_options(args.fuse_options),
+                                             .fuse_options = args.fuse_options,
                                              .threads = args.threads,
                                              .debug = args.debug_fuse});
   spdlog::info("mounted {} dataset(s) from {} (namespace '{}') on {}; cache {} MiB, timeout {} s{}",
@@ -317,6 +304,7 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   mount
       ->add_option("-o", mount_args->fuse_options,
                    "Extra FUSE mount options, comma-separated (e.g. allow_other)")
+      ->delimiter(',')
       ->allow_extra_args(false);
   mount
       ->add_option("--cache-size", mount_args->cache_bytes,
