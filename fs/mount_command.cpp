@@ -160,7 +160,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.cache_bytes = args.cache_bytes;
   fs_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   fs_options.verify = args.verify;
-  fs_options.connections = std::max(args.connections, 1u);
+  fs_options.connections = args.connections;
   const size_t dataset_count = datasets.size();
   Filesystem filesystem(endpoint, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
