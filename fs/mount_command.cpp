@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -191,19 +192,18 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     });
   }
   int result = 0;
+  std::exception_ptr failure;
   try {
     result = session.run();
   } catch (...) {
-    session.unmount();
-    if (readiness.joinable()) readiness.join();
-    leases.release();
-    throw;
+    failure = std::current_exception();
   }
   // Unmount before joining: a stat() still waiting would otherwise wait forever.
   session.unmount();
   if (readiness.joinable()) readiness.join();
   // Before the daemon lock goes: once `dsfs umount` returns, an ingest may collect them.
   leases.release();
+  if (failure) std::rethrow_exception(failure);
   if (result > 0) {
     spdlog::info("{} received; unmounted {}", strsignal(result), mountpoint.string());
   } else if (result < 0) {
