@@ -346,28 +346,6 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
 
 // ---- Session ----------------------------------------------------------------------------------
 
-namespace {
-
-// fuse_args owning its strings.
-class FuseArgs {
- public:
-  explicit FuseArgs(std::vector<std::string> args) : strings_(std::move(args)) {
-    for (std::string& s : strings_) pointers_.push_back(s.data());
-    args_ = FUSE_ARGS_INIT(static_cast<int>(pointers_.size()), pointers_.data());
-  }
-  ~FuseArgs() { fuse_opt_free_args(&args_); }
-  FuseArgs(const FuseArgs&) = delete;
-  FuseArgs& operator=(const FuseArgs&) = delete;
-  fuse_args* get() { return &args_; }
-
- private:
-  std::vector<std::string> strings_;
-  std::vector<char*> pointers_;
-  fuse_args args_{};
-};
-
-}  // namespace
-
 Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std::move(options)) {
   std::string mount_options = "ro,fsname=dsfs,subtype=dsfs,default_permissions";
   for (const std::string& option : options_.fuse_options) {
@@ -377,10 +355,16 @@ Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std:
       filesystem.set_max_read(static_cast<uint32_t>(std::strtoul(option.c_str() + 9, nullptr, 10)));
     }
   }
-  std::vector<std::string> args = {"dsfs", "-o", mount_options};
-  if (options_.debug) args.emplace_back("-d");
-  FuseArgs fuse_args(std::move(args));
-  session_ = fuse_session_new(fuse_args.get(), &Filesystem::operations(), sizeof(fuse_lowlevel_ops),
+  // fuse_opt_add_arg copies each argument; fuse_opt_free_args releases them.
+  struct Args {
+    fuse_args args = FUSE_ARGS_INIT(0, nullptr);
+    ~Args() { fuse_opt_free_args(&args); }
+  } fuse_args;
+  for (const char* arg : {"dsfs", "-o", mount_options.c_str()}) {
+    if (fuse_opt_add_arg(&fuse_args.args, arg) != 0) throw std::bad_alloc();
+  }
+  if (options_.debug && fuse_opt_add_arg(&fuse_args.args, "-d") != 0) throw std::bad_alloc();
+  session_ = fuse_session_new(&fuse_args.args, &Filesystem::operations(), sizeof(fuse_lowlevel_ops),
                               &filesystem);
   if (!session_) {
     throw std::runtime_error(fmt::format(
