@@ -12,7 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -243,7 +243,7 @@ void GenerationLeases::refresh_loop(std::stop_token stop) {
       wait = std::min(interval, kLeaseFirstRetry * (1u << std::min(failures, 10u)));
       ++failures;
       spdlog::warn("cannot refresh this mount's leases on its generations ({}); retrying in {} s",
-                   e.what(), seconds(std::chrono::duration_cast<std::chrono::milliseconds>(wait)));
+                   e.what(), seconds(wait));
     }
   }
 }

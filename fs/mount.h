@@ -73,7 +73,6 @@ class GenerationLeases {
   void release();
 
   const std::string& reader_id() const { return reader_id_; }
-  std::chrono::milliseconds ttl() const { return ttl_; }
   // Refresh rounds completed (every lease renewed), for tests.
   uint64_t refreshes() const;
 
@@ -136,7 +135,6 @@ class Session {
   // SIGINT, SIGTERM and SIGHUP end run() (the destructor then unmounts); until destruction.
   void install_signal_handlers();
 
-  fuse_session* raw() const { return session_; }
   const std::filesystem::path& mountpoint() const { return options_.mountpoint; }
 
  private:
