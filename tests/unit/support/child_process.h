@@ -22,8 +22,6 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
-
   // True once it has exited (reaping it); never blocks.
   bool exited();
 

@@ -149,9 +149,4 @@ store::RedisEndpoint TestRedisServer::endpoint(std::string user, std::string pas
   return endpoint;
 }
 
-std::string TestRedisServer::url() const {
-  if (options_.unix_socket) return "unix://" + socket_path().string();
-  return "redis://127.0.0.1:" + std::to_string(port_);
-}
-
 }  // namespace dsfs::test

@@ -71,8 +71,6 @@ class TestRedisServer {
 
   // Where it listens; credentials and db only when given, so tests can also try without.
   store::RedisEndpoint endpoint(std::string user = {}, std::string password = {}, int db = 0) const;
-  // endpoint() as a redis:// or unix:// URL (no credentials).
-  std::string url() const;
 
  private:
   // Runs redis-server and waits for *its* readiness line in the log (a probe connection could
