@@ -1,6 +1,5 @@
 """Shared fixtures for integration tests: a real redis-server on a free port, the dsfs binary,
 temporary directories and FUSE mounts that are always cleaned up."""
-import contextlib
 import os
 import shutil
 import socket
@@ -23,12 +22,11 @@ class RedisServer:
     """A throwaway redis-server on 127.0.0.1:port with its own data dir. stop()/start() keep
     the port and the data (AOF), so a test can take Redis away and bring it back."""
 
-    def __init__(self, workdir, port=None, password=None, extra_args=()):
-        self.port = port or free_port()
+    def __init__(self, workdir, password=None):
+        self.port = free_port()
         self.password = password
         self.dir = os.path.join(workdir, f"redis-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
-        self.extra_args = list(extra_args)
         self.proc = None
 
     @property
@@ -42,8 +40,7 @@ class RedisServer:
                 "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")]
         if self.password:
             args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args + self.extra_args, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
