@@ -1,6 +1,6 @@
 // Writes a synthetic ImageNet-shaped dataset of tiny objects straight into Redis (no files on
 // disk) and reports how long the catalogue takes to build, encode, publish and decode, and how
-// many bytes it costs in memory. bench/catalog_scale.sh then times a real mount of it.
+// many bytes it costs in memory. bench/catalog_scale.py then times a real mount of it.
 #include <chrono>
 #include <cstdio>
 #include <string>
