@@ -70,7 +70,12 @@ def main():
     url = f"redis://127.0.0.1:{port}"
     results = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release()}, "sizes": []}
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True,
+                             text=True).stdout.strip() != "PONG":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start")
+            time.sleep(0.05)
         mnt = os.path.join(tmp, "mnt")
         os.makedirs(mnt)
         subprocess.run([gen, "--redis", url, "--dataset", "baseline", "--files", "1",
