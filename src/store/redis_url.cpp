@@ -128,12 +128,9 @@ void apply_user_info(std::string_view url, std::string_view user_info, RedisEndp
   if (endpoint.password.empty()) reject(url, "empty password after ':'");
 }
 
+// parse_tcp and parse_unix: `rest` is the URL after its scheme and credentials.
 void parse_tcp(std::string_view url, std::string_view rest, RedisEndpoint& endpoint) {
   endpoint.transport = RedisEndpoint::Transport::kTcp;
-  if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
-    apply_user_info(url, rest.substr(0, at), endpoint);
-    rest.remove_prefix(at + 1);
-  }
   std::string_view query;
   bool has_query = false;
   if (const size_t question = rest.find('?'); question != std::string_view::npos) {
@@ -195,12 +192,7 @@ void parse_tcp(std::string_view url, std::string_view rest, RedisEndpoint& endpo
 void parse_unix(std::string_view url, std::string_view rest, RedisEndpoint& endpoint) {
   endpoint.transport = RedisEndpoint::Transport::kUnix;
   if (!rest.starts_with('/')) {
-    const size_t at = rest.find("@/");
-    if (at == std::string_view::npos) {
-      reject(url, "the socket path must be absolute, e.g. unix:///run/redis/redis.sock");
-    }
-    apply_user_info(url, rest.substr(0, at), endpoint);
-    rest.remove_prefix(at + 1);
+    reject(url, "the socket path must be absolute, e.g. unix:///run/redis/redis.sock");
   }
   if (const size_t question = rest.find('?'); question != std::string_view::npos) {
     apply_query(url, rest.substr(question + 1), endpoint, false);
@@ -231,14 +223,22 @@ RedisEndpoint parse_redis_url(std::string_view url) {
   RedisEndpoint endpoint;
   if (url.empty()) reject(url, "empty URL");
   if (url.find_first_of(" \t\r\n") != std::string_view::npos) reject(url, "contains whitespace");
-  if (starts_with_ignoring_case(url, kTcpScheme)) {
-    parse_tcp(url, url.substr(kTcpScheme.size()), endpoint);
-  } else if (starts_with_ignoring_case(url, kUnixScheme)) {
-    parse_unix(url, url.substr(kUnixScheme.size()), endpoint);
-  } else if (starts_with_ignoring_case(url, kTlsScheme)) {
-    reject(url, "TLS (rediss://) is not supported by this build (hiredis 0.14 has no TLS)");
-  } else {
+  const bool tcp = starts_with_ignoring_case(url, kTcpScheme);
+  if (!tcp && !starts_with_ignoring_case(url, kUnixScheme)) {
+    if (starts_with_ignoring_case(url, kTlsScheme)) {
+      reject(url, "TLS (rediss://) is not supported by this build (hiredis 0.14 has no TLS)");
+    }
     reject(url, "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or unix:///PATH/TO.sock");
+  }
+  std::string_view rest = url.substr(tcp ? kTcpScheme.size() : kUnixScheme.size());
+  if (const auto info = find_user_info(url)) {
+    apply_user_info(url, url.substr(info->begin, info->end - info->begin), endpoint);
+    rest = url.substr(info->end + 1);
+  }
+  if (tcp) {
+    parse_tcp(url, rest, endpoint);
+  } else {
+    parse_unix(url, rest, endpoint);
   }
   return endpoint;
 }
