@@ -25,10 +25,13 @@ void add_global_options(CLI::App& sub, GlobalOptions& options) {
                  "can share one Redis ([A-Za-z0-9._-], up to 64)")
       ->capture_default_str()
       ->group(kGroup);
-  sub.add_option("--log-level", options.log_level, "Log detail on stderr")
+  add_log_level_option(sub, options)->group(kGroup);
+}
+
+CLI::Option* add_log_level_option(CLI::App& sub, GlobalOptions& options) {
+  return sub.add_option("--log-level", options.log_level, "Log detail on stderr")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
-      ->capture_default_str()
-      ->group(kGroup);
+      ->capture_default_str();
 }
 
 store::RedisEndpoint resolve_endpoint(const GlobalOptions& options) {

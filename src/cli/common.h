@@ -7,7 +7,8 @@
 
 namespace CLI {
 class App;
-}
+class Option;
+}  // namespace CLI
 
 namespace dsfs::cli {
 
@@ -19,6 +20,8 @@ struct GlobalOptions {
 
 // Adds --redis, --namespace and --log-level to `sub` (bound to `options`).
 void add_global_options(CLI::App& sub, GlobalOptions& options);
+// Adds only --log-level (`dsfs server`, which takes no --redis or --namespace).
+CLI::Option* add_log_level_option(CLI::App& sub, GlobalOptions& options);
 
 // --redis, else $DSFS_REDIS, else the embedded server (started if it is not running, with a
 // note on stderr). Throws std::invalid_argument on a bad URL.

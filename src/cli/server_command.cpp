@@ -17,12 +17,6 @@ void print_status(const store::EmbeddedServerStatus& status) {
   fmt::print("log: {}\n", status.log_file.string());
 }
 
-void add_log_level(CLI::App& sub, GlobalOptions& global) {
-  sub.add_option("--log-level", global.log_level, "Log detail on stderr")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
-      ->capture_default_str();
-}
-
 }  // namespace
 
 void register_server_command(CLI::App& app, GlobalOptions& global) {
@@ -38,7 +32,7 @@ void register_server_command(CLI::App& app, GlobalOptions& global) {
       "start",
       "Start the embedded redis-server and wait until it answers. Does nothing (exit 0) when it "
       "is already running. Needs Debian's redis-server package.");
-  add_log_level(*start, global);
+  add_log_level_option(*start, global);
   start->callback([&global] {
     apply_log_level(global);
     store::EmbeddedServer embedded;
@@ -56,7 +50,7 @@ void register_server_command(CLI::App& app, GlobalOptions& global) {
       "stop",
       "Stop the embedded redis-server after saving its data (SHUTDOWN SAVE). Its data stays in "
       "$DSFS_HOME/redis/data for the next start. Exit 0 also when it was not running.");
-  add_log_level(*stop, global);
+  add_log_level_option(*stop, global);
   stop->callback([&global] {
     apply_log_level(global);
     store::EmbeddedServer embedded;
@@ -72,7 +66,7 @@ void register_server_command(CLI::App& app, GlobalOptions& global) {
       "status",
       "Show whether the embedded redis-server is running, its pid, socket, data directory and "
       "log. Exit status: 0 when running, 3 when not.");
-  add_log_level(*status, global);
+  add_log_level_option(*status, global);
   status->callback([&global] {
     apply_log_level(global);
     const auto current = store::EmbeddedServer().status();
