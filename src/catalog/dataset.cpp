@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "src/catalog/manifest.h"
@@ -51,23 +52,23 @@ std::string_view as_text(std::span<const std::byte> bytes) {
       name, problem, name));
 }
 
-uint64_t parse_unsigned(std::string_view name, std::string_view field, std::string_view text,
-                        int base = 10) {
-  uint64_t value = 0;
+// The whole of `text` as a number; nullopt for anything else (empty, sign, junk, overflow).
+template <typename T>
+std::optional<T> parse_number(std::string_view text, int base = 10) {
+  T value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, base);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw_corrupt_info(name, fmt::format("field '{}' is '{}', not a number", field, text));
-  }
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
 
-int64_t parse_signed(std::string_view name, std::string_view field, std::string_view text) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+// Field `field` of the info hash of dataset `name`.
+template <typename T = uint64_t>
+T parse_field(std::string_view name, std::string_view field, std::string_view text, int base = 10) {
+  const std::optional<T> value = parse_number<T>(text, base);
+  if (!value) {
     throw_corrupt_info(name, fmt::format("field '{}' is '{}', not a number", field, text));
   }
-  return value;
+  return *value;
 }
 
 std::vector<std::string> string_elements(const store::Reply& reply, std::string_view context) {
@@ -124,10 +125,9 @@ int64_t server_time_ms(store::Connection& conn) {
   int64_t parts[2] = {0, 0};  // seconds, microseconds
   for (size_t i = 0; i < 2; ++i) {
     const std::string_view text = store::Reply::element_str(time.element(i));
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parts[i]);
-    if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
-      throw store::ReplyError(fmt::format("TIME: '{}' is not a number", text));
-    }
+    const auto part = parse_number<int64_t>(text);
+    if (!part) throw store::ReplyError(fmt::format("TIME: '{}' is not a number", text));
+    parts[i] = *part;
   }
   return parts[0] * 1000 + parts[1] / 1000;
 }
@@ -173,12 +173,12 @@ DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std:
   };
   auto optional_unsigned = [&](std::string_view key) -> uint64_t {
     const auto it = fields.find(key);
-    return it == fields.end() ? 0 : parse_unsigned(name, key, it->second);
+    return it == fields.end() ? 0 : parse_field(name, key, it->second);
   };
 
   DatasetInfo info;
   info.name = name;
-  const uint64_t version = parse_unsigned(name, "schema_version", field("schema_version"));
+  const uint64_t version = parse_field(name, "schema_version", field("schema_version"));
   if (version > kSchemaVersion) {
     throw std::runtime_error(fmt::format(
         "dataset '{}' uses schema version {}, newer than this dsfs supports ({}); upgrade dsfs",
@@ -186,26 +186,26 @@ DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std:
   }
   if (version == 0) throw_corrupt_info(name, "schema_version is 0");
   info.schema_version = static_cast<uint32_t>(version);
-  info.generation = parse_unsigned(name, "generation", field("generation"));
+  info.generation = parse_field(name, "generation", field("generation"));
   if (info.generation == 0) throw_corrupt_info(name, "generation is 0");
   info.previous_generation = optional_unsigned("previous_generation");
-  info.file_count = parse_unsigned(name, "file_count", field("file_count"));
+  info.file_count = parse_field(name, "file_count", field("file_count"));
   info.dir_count = optional_unsigned("dir_count");
-  info.total_bytes = parse_unsigned(name, "total_bytes", field("total_bytes"));
+  info.total_bytes = parse_field(name, "total_bytes", field("total_bytes"));
   info.class_count = optional_unsigned("class_count");
   if (const auto it = fields.find("created_unix"); it != fields.end()) {
-    info.created_unix = parse_signed(name, "created_unix", it->second);
+    info.created_unix = parse_field<int64_t>(name, "created_unix", it->second);
   }
   if (const auto it = fields.find("source"); it != fields.end()) info.source = it->second;
-  info.chunk_size = parse_unsigned(name, "chunk_size", field("chunk_size"));
+  info.chunk_size = parse_field(name, "chunk_size", field("chunk_size"));
   if (info.chunk_size == 0) throw_corrupt_info(name, "chunk_size is 0");
-  info.manifest_chunks = parse_unsigned(name, "manifest_chunks", field("manifest_chunks"));
-  info.manifest_bytes = parse_unsigned(name, "manifest_bytes", field("manifest_bytes"));
+  info.manifest_chunks = parse_field(name, "manifest_chunks", field("manifest_chunks"));
+  info.manifest_bytes = parse_field(name, "manifest_bytes", field("manifest_bytes"));
   const std::string& hash = field("manifest_xxh64");
   if (hash.size() != 16) {
     throw_corrupt_info(name, fmt::format("manifest_xxh64 '{}' is not 16 hex digits", hash));
   }
-  info.manifest_xxh64 = parse_unsigned(name, "manifest_xxh64", hash, 16);
+  info.manifest_xxh64 = parse_field(name, "manifest_xxh64", hash, 16);
   return info;
 }
 
@@ -341,7 +341,7 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
     const store::Reply current = conn.command({"HGET", info_key, "generation"});
     current.expect_ok("HGET generation");
     const uint64_t current_generation =
-        current.is_nil() ? 0 : parse_unsigned(name, "generation", current.str());
+        current.is_nil() ? 0 : parse_field(name, "generation", current.str());
     if (current_generation > info.generation) {
       conn.command({"UNWATCH"});
       throw std::runtime_error(fmt::format(
@@ -410,14 +410,13 @@ uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const s
   std::vector<uint64_t> generations;
   for (const auto& text :
        string_elements(conn.command({"SMEMBERS", keys.generations(name)}), "SMEMBERS gens")) {
-    uint64_t gen = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), gen);
-    if (error != std::errc() || end != text.data() + text.size()) {
+    const auto gen = parse_number<uint64_t>(text);
+    if (!gen) {
       spdlog::warn("dataset '{}': ignoring '{}' in {}: not a generation number", name, text,
                    keys.generations(name));
       continue;
     }
-    generations.push_back(gen);
+    generations.push_back(*gen);
   }
   // Read after info: a reader that pinned the then-current generation before this point is
   // seen here, and one pinning later pins a generation >= info.generation, never collected.
@@ -560,14 +559,12 @@ std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& 
   if (expired > 0) spdlog::debug("dataset '{}': dropped {} expired lease(s)", name, expired);
   std::set<uint64_t> pinned;
   for (const std::string& member : string_elements(live, fmt::format("ZRANGEBYSCORE {}", key))) {
-    const std::string_view text = std::string_view(member).substr(0, member.find(':'));
-    uint64_t gen = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), gen);
-    if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    const auto gen = parse_number<uint64_t>(std::string_view(member).substr(0, member.find(':')));
+    if (!gen) {
       spdlog::warn("dataset '{}': ignoring lease '{}' in {}: not GEN:READER", name, member, key);
       continue;
     }
-    pinned.insert(gen);
+    pinned.insert(*gen);
   }
   return pinned;
 }
