@@ -201,17 +201,16 @@ Catalog decode_manifest(std::span<const std::byte> bytes) {
   if (std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0) {
     throw ManifestError("not a dsfs manifest (wrong magic bytes)");
   }
-  Reader header(bytes);
-  header.text(kMagic.size(), "magic");
-  const uint64_t version = header.fixed(4, "version");
+  const size_t body_size = bytes.size() - kTrailerBytes;
+  Reader r(bytes.first(body_size));
+  r.text(kMagic.size(), "magic");
+  const uint64_t version = r.fixed(4, "version");
   if (version != kManifestVersion) {
     throw ManifestError(fmt::format(
         "manifest version {} is not supported (this dsfs reads version {}); {}", version,
         kManifestVersion, version > kManifestVersion ? "upgrade dsfs" : "re-ingest the dataset"));
   }
-  const size_t body_size = bytes.size() - kTrailerBytes;
-  Reader trailer(bytes.subspan(body_size));
-  const uint64_t stored_hash = trailer.fixed(kTrailerBytes, "checksum");
+  const uint64_t stored_hash = Reader(bytes.subspan(body_size)).fixed(kTrailerBytes, "checksum");
   const uint64_t actual_hash = XXH64(bytes.data(), body_size, 0);
   if (stored_hash != actual_hash) {
     throw ManifestError(fmt::format(
@@ -220,8 +219,6 @@ Catalog decode_manifest(std::span<const std::byte> bytes) {
         stored_hash, actual_hash));
   }
 
-  Reader r(bytes.first(body_size));
-  r.text(kMagic.size() + 4, "magic and version");
   if (const uint64_t flags = r.fixed(4, "header flags"); flags != 0) {
     r.fail(fmt::format("unknown header flags {:#x}", flags));
   }
