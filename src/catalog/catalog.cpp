@@ -3,7 +3,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 

@@ -5,9 +5,7 @@
 
 #include <array>
 #include <cstring>
-#include <limits>
 
-#include "src/catalog/keys.h"
 #include "src/catalog/names.h"
 
 namespace dsfs::catalog {

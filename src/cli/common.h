@@ -1,6 +1,5 @@
 #pragma once
 // Options every subcommand shares, and how they pick the Redis to talk to.
-#include <optional>
 #include <string>
 
 #include "src/store/redis_url.h"

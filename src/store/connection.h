@@ -2,7 +2,6 @@
 // One RAII hiredis connection, with AUTH/SELECT done at connect and pipelining.
 #include <chrono>
 #include <cstddef>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>

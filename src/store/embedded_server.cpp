@@ -7,7 +7,6 @@
 #include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>

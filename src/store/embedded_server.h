@@ -1,7 +1,6 @@
 #pragma once
 // The embedded default: a redis-server that dsfs starts itself, on a unix socket under DSFS_HOME.
 #include <filesystem>
-#include <optional>
 #include <string>
 
 #include "src/store/redis_url.h"

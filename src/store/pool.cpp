@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <stdexcept>
 #include <utility>
 
 namespace dsfs::store {
