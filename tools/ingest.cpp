@@ -1,7 +1,6 @@
 #include "tools/ingest.h"
 
 #include <fmt/core.h>
-#include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
 
 #include <array>
@@ -13,7 +12,6 @@
 #include "src/catalog/dataset.h"
 #include "src/catalog/names.h"
 #include "src/store/connection.h"
-#include "src/store/errors.h"
 #include "src/store/pool.h"
 #include "tools/ingest_writer.h"
 #include "tools/sources.h"
@@ -22,37 +20,7 @@ namespace dsfs::tools {
 namespace {
 
 constexpr unsigned kMaxJobs = 64;
-constexpr size_t kScanBatch = 1000;
 constexpr std::chrono::milliseconds kPublishRetryBudget{15000};
-
-// SCAN MATCH `pattern` and UNLINK what it finds, one batch at a time so Redis is never blocked
-// for long. Returns keys deleted.
-uint64_t unlink_matching(store::Connection& conn, const std::string& pattern) {
-  uint64_t deleted = 0;
-  std::string cursor = "0";
-  const std::string count = std::to_string(kScanBatch);
-  do {
-    const store::Reply reply =
-        conn.command({std::string_view("SCAN"), std::string_view(cursor), "MATCH",
-                      std::string_view(pattern), "COUNT", std::string_view(count)});
-    reply.expect_ok("SCAN");
-    if (!reply.is_array() || reply.size() != 2) {
-      throw store::ReplyError("unexpected reply to SCAN");
-    }
-    cursor = std::string(store::Reply::element_str(reply.element(0)));
-    const redisReply* batch = reply.element(1);
-    if (batch->type != REDIS_REPLY_ARRAY || batch->elements == 0) continue;
-    std::vector<std::string_view> argv{"UNLINK"};
-    argv.reserve(batch->elements + 1);
-    for (size_t i = 0; i < batch->elements; ++i) {
-      argv.push_back(store::Reply::element_str(batch->element[i]));
-    }
-    const store::Reply unlinked = conn.command(std::span<const std::string_view>(argv));
-    unlinked.expect_ok("UNLINK");
-    deleted += static_cast<uint64_t>(unlinked.integer());
-  } while (cursor != "0");
-  return deleted;
-}
 
 // Best effort after a failure: deletes what this ingest wrote of its own generation, unless the
 // publish got as far as making it current. Never throws; what it cannot delete the next
@@ -74,11 +42,7 @@ std::optional<uint64_t> discard_generation(const store::RedisEndpoint& endpoint,
                    name);
       return current;
     }
-    uint64_t deleted = unlink_matching(conn, keys.generation_objects_pattern(name, generation));
-    deleted += unlink_matching(conn, keys.generation_manifest_pattern(name, generation));
-    conn.command({std::string_view("SREM"), std::string_view(keys.generations(name)),
-                  std::string_view(std::to_string(generation))})
-        .expect_ok("SREM");
+    const uint64_t deleted = catalog::delete_generation(conn, keys, name, generation);
     spdlog::info("removed {} keys of the unpublished generation {} of '{}'", deleted, generation,
                  name);
   } catch (const std::exception& e) {

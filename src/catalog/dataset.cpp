@@ -437,12 +437,19 @@ uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const s
       ++kept;
       continue;
     }
-    // Objects first and the gens entry last, so an interrupted collection is redone next time.
-    unlink_matching(conn, keys.generation_objects_pattern(name, gen), deleted, {});
-    unlink_matching(conn, keys.generation_manifest_pattern(name, gen), deleted, {});
-    conn.command({"SREM", keys.generations(name), std::to_string(gen)}).expect_ok("SREM gens");
+    deleted += delete_generation(conn, keys, name, gen);
     spdlog::debug("dataset '{}': collected generation {}", name, gen);
   }
+  return deleted;
+}
+
+uint64_t delete_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                           uint64_t gen) {
+  validate_dataset_name(name);
+  uint64_t deleted = 0;
+  unlink_matching(conn, keys.generation_objects_pattern(name, gen), deleted, {});
+  unlink_matching(conn, keys.generation_manifest_pattern(name, gen), deleted, {});
+  conn.command({"SREM", keys.generations(name), std::to_string(gen)}).expect_ok("SREM gens");
   return deleted;
 }
 

@@ -66,6 +66,12 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
 uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const std::string& name,
                          unsigned keep_previous = 1);
 
+// Deletes every object and manifest chunk of generation `gen` of `name` (SCAN+UNLINK batches),
+// then its entry in the gens set, last, so that an interrupted deletion is found and redone by
+// the next collection. Returns keys deleted. The caller makes sure `gen` is not the current one.
+uint64_t delete_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+                           uint64_t gen);
+
 // ---- Leases ------------------------------------------------------------------------------------
 // A reader serving a generation (a mount) holds a lease on it in NS:{NAME}:readers, a sorted set
 // whose members are "GEN:READER_ID" scored by their expiry in milliseconds of the Redis server's
