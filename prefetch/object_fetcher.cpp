@@ -10,16 +10,6 @@
 #include "src/store/errors.h"
 
 namespace dsfs::prefetch {
-namespace {
-
-// Replies a restarting Redis gives before it can serve: the data is coming back, so these are
-// retried like a lost connection rather than reported at once.
-bool is_transient_reply(std::string_view message) {
-  return message.starts_with("LOADING") || message.starts_with("BUSY") ||
-         message.starts_with("MASTERDOWN") || message.starts_with("TRYAGAIN");
-}
-
-}  // namespace
 
 ObjectFetcher::ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema keys,
                              FetcherOptions options)
@@ -60,7 +50,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       got.reserve(commands.size());
       store::ConnectionPool::Lease conn = pool_.acquire();
       store::pipeline(*conn, commands, options_.pipeline_window, [&](size_t, store::Reply& reply) {
-        if (reply.is_error() && is_transient_reply(reply.str())) {
+        if (reply.is_error() && store::is_transient_reply(reply.str())) {
           // The pool drops a connection with unread replies; retry on a fresh one.
           throw store::ConnectionError(fmt::format("Redis at {} is not ready: {}",
                                                    pool_.endpoint().describe(), reply.str()));

@@ -23,13 +23,6 @@ timeval to_timeval(std::chrono::milliseconds duration) {
                  .tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000)};
 }
 
-// Replies Redis sends while it cannot serve yet (loading its AOF/RDB after a restart): the
-// server is coming back, so these count as connection trouble that a retry outlives.
-bool is_transient_error(std::string_view message) {
-  return message.starts_with("LOADING") || message.starts_with("BUSY") ||
-         message.starts_with("MASTERDOWN");
-}
-
 // hiredis writes with write(2): a server that went away would raise SIGPIPE, whose default
 // action kills the process. Ignored (unless the program installed its own handler), the write
 // fails with EPIPE instead and becomes a ConnectionError.
@@ -188,7 +181,7 @@ void Connection::handshake() {
   }
   if (ping_reply.is_error()) {
     const std::string_view message = ping_reply.str();
-    if (is_transient_error(message)) {
+    if (is_transient_reply(message)) {
       throw ConnectionError(
           fmt::format("Redis at {} is not ready: {}", endpoint_.describe(), message));
     }

@@ -1,6 +1,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace dsfs::store {
 
@@ -15,5 +16,13 @@ class ReplyError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Error replies Redis gives while it cannot serve yet (loading its AOF/RDB after a restart, busy,
+// a replica without its master, a cluster slot on the move): the server is coming back, so
+// callers count them as connection trouble (ConnectionError) that a retry outlives.
+inline bool is_transient_reply(std::string_view message) {
+  return message.starts_with("LOADING") || message.starts_with("BUSY") ||
+         message.starts_with("MASTERDOWN") || message.starts_with("TRYAGAIN");
+}
 
 }  // namespace dsfs::store
