@@ -17,11 +17,9 @@ ObjectFetcher::ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema key
 
 std::string ObjectFetcher::chunk_key(const DatasetSnapshot& dataset, uint32_t entry,
                                      uint32_t chunk) const {
-  const catalog::CatalogEntry& e = dataset.catalog->entry(entry);
-  if (dataset.catalog->chunk_count(entry) == 1) {
-    return keys_.object(dataset.name(), dataset.generation(), e.object_id);
-  }
-  return keys_.object_chunk(dataset.name(), dataset.generation(), e.object_id, chunk);
+  return keys_.object_piece(dataset.name(), dataset.generation(),
+                            dataset.catalog->entry(entry).object_id, chunk,
+                            dataset.catalog->chunk_count(entry) > 1);
 }
 
 uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t entry,

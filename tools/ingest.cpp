@@ -100,8 +100,7 @@ uint64_t count_missing_objects(store::Connection& conn, const catalog::KeySchema
     if (entry.is_dir) continue;
     const uint64_t chunks = catalog.chunk_count(i);
     for (uint64_t k = 0; k < chunks; ++k) {
-      batch.push_back({"EXISTS", chunks == 1 ? keys.object(name, gen, entry.object_id)
-                                             : keys.object_chunk(name, gen, entry.object_id, k)});
+      batch.push_back({"EXISTS", keys.object_piece(name, gen, entry.object_id, k, chunks > 1)});
       if (batch.size() == kBatch) flush();
     }
   }

@@ -74,8 +74,7 @@ bool RedisPieceWriter::stop_requested() const {
 void RedisPieceWriter::put_piece(const PieceKey& key, std::string bytes, bool completes_object) {
   const uint64_t size = bytes.size();
   std::string redis_key =
-      key.chunked ? keys_.object_chunk(dataset_, generation_, key.object_id, key.chunk_index)
-                  : keys_.object(dataset_, generation_, key.object_id);
+      keys_.object_piece(dataset_, generation_, key.object_id, key.chunk_index, key.chunked);
   std::unique_lock lock(mutex_);
   // One piece larger than the whole budget still goes through, alone.
   while (!stop_requested() && bytes_in_flight_ > 0 &&

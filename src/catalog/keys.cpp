@@ -46,6 +46,11 @@ std::string KeySchema::object_chunk(std::string_view name, uint64_t gen, uint64_
   return fmt::format("{}:{}:{}:o:{}:{}", ns_, name, gen, id, k);
 }
 
+std::string KeySchema::object_piece(std::string_view name, uint64_t gen, uint64_t id, uint64_t k,
+                                    bool chunked) const {
+  return chunked ? object_chunk(name, gen, id, k) : object(name, gen, id);
+}
+
 // Names and namespaces cannot hold ':' or glob characters, so these patterns match exactly one
 // dataset's (or generation's) object keys and nothing of another dataset.
 std::string KeySchema::generation_objects_pattern(std::string_view name, uint64_t gen) const {

@@ -25,6 +25,10 @@ class KeySchema {
   std::string manifest_chunk(std::string_view name, uint64_t gen, uint64_t index) const;
   std::string object(std::string_view name, uint64_t gen, uint64_t id) const;  // ns:name:gen:o:id
   std::string object_chunk(std::string_view name, uint64_t gen, uint64_t id, uint64_t k) const;
+  // Where piece k of object id lives: a file stored in one piece uses the plain object key,
+  // a chunked one (Catalog::chunk_count > 1) the chunk keys. The one place that rule is kept.
+  std::string object_piece(std::string_view name, uint64_t gen, uint64_t id, uint64_t k,
+                           bool chunked) const;
   // SCAN MATCH patterns: every key of one generation's objects / of one dataset's objects.
   std::string generation_objects_pattern(std::string_view name, uint64_t gen) const;
   std::string dataset_objects_pattern(std::string_view name) const;

@@ -23,6 +23,8 @@ TEST(KeySchema, ObjectKeysHaveNoHashTag) {
   const KeySchema keys("team");
   EXPECT_EQ(keys.object("cifar", 3, 42), "team:cifar:3:o:42");
   EXPECT_EQ(keys.object_chunk("cifar", 3, 42, 5), "team:cifar:3:o:42:5");
+  EXPECT_EQ(keys.object_piece("cifar", 3, 42, 0, /*chunked=*/false), keys.object("cifar", 3, 42));
+  EXPECT_EQ(keys.object_piece("cifar", 3, 42, 5, /*chunked=*/true), "team:cifar:3:o:42:5");
   EXPECT_EQ(keys.object("cifar", 18446744073709551615ull, 0),
             "team:cifar:18446744073709551615:o:0");
   EXPECT_EQ(keys.object("cifar", 1, 1).find('{'), std::string::npos);
