@@ -74,9 +74,6 @@ void reply_xattr_bytes(fuse_req_t req, std::string_view bytes, size_t size) {
   }
 }
 
-// What an open .dsfs/stats.json handle (fuse_file_info::fh) points to.
-using StatsSnapshot = std::shared_ptr<const std::string>;
-
 // Fills a readdir reply buffer of at most `size` bytes.
 class DirectoryBuffer {
  public:
@@ -182,6 +179,25 @@ const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
     }
   });
   return contents.text[slot];
+}
+
+uint64_t Filesystem::open_stats_snapshot() {
+  auto snapshot = std::make_shared<const std::string>(stats_json());
+  std::lock_guard lock(stats_handles_mutex_);
+  const uint64_t handle = ++last_stats_handle_;
+  stats_handles_.emplace(handle, std::move(snapshot));
+  return handle;
+}
+
+Filesystem::StatsSnapshot Filesystem::stats_snapshot(uint64_t handle) const {
+  std::lock_guard lock(stats_handles_mutex_);
+  const auto it = stats_handles_.find(handle);
+  return it == stats_handles_.end() ? nullptr : it->second;
+}
+
+void Filesystem::close_stats_snapshot(uint64_t handle) {
+  std::lock_guard lock(stats_handles_mutex_);
+  stats_handles_.erase(handle);
 }
 
 std::string Filesystem::stats_json() const {
@@ -429,11 +445,9 @@ struct Handlers {
       switch (ref.kind) {
         case InodeRef::Kind::kStats: {
           // A fresh snapshot per open, read with direct I/O so every reader sees the current one.
-          auto snapshot =
-              std::make_unique<StatsSnapshot>(std::make_shared<const std::string>(fs.stats_json()));
           fi->direct_io = 1;
-          fi->fh = reinterpret_cast<uint64_t>(snapshot.get());
-          if (fuse_reply_open(req, fi) == 0) snapshot.release();
+          fi->fh = fs.open_stats_snapshot();
+          if (fuse_reply_open(req, fi) != 0) fs.close_stats_snapshot(fi->fh);  // no RELEASE comes
           return;
         }
         case InodeRef::Kind::kMeta:
@@ -470,9 +484,10 @@ struct Handlers {
       };
       switch (ref.kind) {
         case InodeRef::Kind::kStats: {
-          // Our own reference: RELEASE may free the handle's on another thread as soon as the
+          // Our own reference: RELEASE may drop the handle's on another thread as soon as the
           // reader has the bytes, while this thread is still inside fuse_reply_buf.
-          const StatsSnapshot snapshot = *reinterpret_cast<const StatsSnapshot*>(fi->fh);
+          const Filesystem::StatsSnapshot snapshot = fs.stats_snapshot(fi->fh);
+          if (!snapshot) return fail(fs, req, EBADF);
           return reply_text(*snapshot);
         }
         case InodeRef::Kind::kMeta:
@@ -509,10 +524,8 @@ struct Handlers {
   }
 
   static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-    guarded(req, Op::kRelease, [&](Filesystem&) {
-      if (ino == kStatsInode) {
-        const std::unique_ptr<StatsSnapshot> snapshot(reinterpret_cast<StatsSnapshot*>(fi->fh));
-      }
+    guarded(req, Op::kRelease, [&](Filesystem& fs) {
+      if (ino == kStatsInode) fs.close_stats_snapshot(fi->fh);
       fuse_reply_err(req, 0);
     });
   }

@@ -63,6 +63,14 @@ class Filesystem {
   // Text of a generated .meta file, rendered on first use.
   const std::string& meta_content(uint32_t dataset, MetaFile file);
 
+  // Open .dsfs/stats.json handles (fuse_file_info::fh) and their snapshots. Owned here rather
+  // than by the handle, so snapshots whose RELEASE never arrives (an unmount racing a close)
+  // are freed with the Filesystem.
+  using StatsSnapshot = std::shared_ptr<const std::string>;
+  uint64_t open_stats_snapshot();
+  StatsSnapshot stats_snapshot(uint64_t handle) const;  // nullptr for an unknown handle
+  void close_stats_snapshot(uint64_t handle);
+
   struct MetaContents {
     std::array<std::once_flag, 5> once;
     std::array<std::string, 5> text;
@@ -77,6 +85,9 @@ class Filesystem {
   prefetch::ObjectFetcher fetcher_;
   prefetch::FileReader reader_;
   FsCounters counters_;
+  mutable std::mutex stats_handles_mutex_;
+  std::unordered_map<uint64_t, StatsSnapshot> stats_handles_;
+  uint64_t last_stats_handle_ = 0;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const int64_t mounted_unix_;
   const uint32_t owner_uid_;
