@@ -6,7 +6,9 @@
 #include "src/cli/common.h"
 #include "src/cli/server_command.h"
 #include "tools/admin_commands.h"
+#include "tools/bench_command.h"
 #include "tools/ingest_command.h"
+#include "tools/proxy_command.h"
 #include "tools/synth_command.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +26,8 @@ int main(int argc, char** argv) {
   dsfs::tools::register_ingest_command(app, global);
   dsfs::tools::register_admin_commands(app, global);
   dsfs::fs::register_mount_commands(app, global);
+  dsfs::tools::register_bench_command(app, global);
+  dsfs::tools::register_proxy_command(app, global);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,12 @@
+#include "tools/bench_command.h"
+
+#include <CLI/CLI.hpp>
+
+namespace dsfs::tools {
+
+// Being written (issue 3); registered so src/main.cpp is final.
+void register_bench_command(CLI::App& app, cli::GlobalOptions&) {
+  app.add_subcommand("bench", "(not built yet)");
+}
+
+}  // namespace dsfs::tools
