@@ -181,23 +181,29 @@ const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
   return contents.text[slot];
 }
 
-uint64_t Filesystem::open_stats_snapshot() {
+uint64_t Filesystem::new_stats_snapshot() {
   auto snapshot = std::make_shared<const std::string>(stats_json());
-  std::lock_guard lock(stats_handles_mutex_);
-  const uint64_t handle = ++last_stats_handle_;
-  stats_handles_.emplace(handle, std::move(snapshot));
-  return handle;
+  std::lock_guard lock(stats_snapshots_mutex_);
+  const uint64_t ino = ++last_stats_snapshot_;
+  stats_snapshots_.emplace(ino, CountedSnapshot{std::move(snapshot), 1});
+  return ino;
 }
 
-Filesystem::StatsSnapshot Filesystem::stats_snapshot(uint64_t handle) const {
-  std::lock_guard lock(stats_handles_mutex_);
-  const auto it = stats_handles_.find(handle);
-  return it == stats_handles_.end() ? nullptr : it->second;
+Filesystem::StatsSnapshot Filesystem::stats_snapshot(uint64_t ino) const {
+  std::lock_guard lock(stats_snapshots_mutex_);
+  const auto it = stats_snapshots_.find(ino);
+  return it == stats_snapshots_.end() ? nullptr : it->second.text;
 }
 
-void Filesystem::close_stats_snapshot(uint64_t handle) {
-  std::lock_guard lock(stats_handles_mutex_);
-  stats_handles_.erase(handle);
+void Filesystem::forget_stats_snapshot(uint64_t ino, uint64_t lookups) {
+  std::lock_guard lock(stats_snapshots_mutex_);
+  const auto it = stats_snapshots_.find(ino);
+  if (it == stats_snapshots_.end()) return;
+  if (it->second.lookups <= lookups) {
+    stats_snapshots_.erase(it);
+  } else {
+    it->second.lookups -= lookups;
+  }
 }
 
 std::string Filesystem::stats_json() const {
@@ -317,10 +323,16 @@ struct Handlers {
         stat_virtual(fs, ino, S_IFDIR | 0555, 2, kDirectorySize, fs.mounted_unix_, st);
         return true;
       case InodeRef::Kind::kStats:
-        // Served with direct_io, so the size is not needed; its contents change all the time.
+        // Only a name: lookups answer with a snapshot inode, so nothing reads this one.
         timeout = 0;
         stat_virtual(fs, ino, S_IFREG | 0444, 1, 0, std::time(nullptr), st);
         return true;
+      case InodeRef::Kind::kStatsSnapshot: {
+        const Filesystem::StatsSnapshot snapshot = fs.stats_snapshot(ino);
+        if (!snapshot) return false;
+        stat_virtual(fs, ino, S_IFREG | 0444, 1, snapshot->size(), std::time(nullptr), st);
+        return true;
+      }
       case InodeRef::Kind::kMeta: {
         const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
         if (!d) return false;
@@ -412,6 +424,11 @@ struct Handlers {
     want(FUSE_CAP_READDIRPLUS);
     want(FUSE_CAP_PARALLEL_DIROPS);
     want(FUSE_CAP_ASYNC_READ);
+    // Files never change under a mount, so OPEN and RELEASE carry nothing: answering the first
+    // OPEN with ENOSYS tells the kernel to skip both for every later open (and keep the page
+    // cache across opens), which removes two round trips per file read.
+    want(FUSE_CAP_NO_OPEN_SUPPORT);
+    fs.no_open_ = (conn->want & FUSE_CAP_NO_OPEN_SUPPORT) != 0;
     // Data never changes under a mount, so there is nothing to invalidate on attribute changes.
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
     conn->time_gran = 1;
@@ -419,11 +436,19 @@ struct Handlers {
 
   static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     guarded(req, Op::kLookup, [&](Filesystem& fs) {
-      const uint64_t ino = find_child(fs, parent, name);
+      uint64_t ino = find_child(fs, parent, name);
       // Names never appear later in a mount, so a miss is cached as long as a hit.
       if (ino == 0) fs.counters_.count(ErrorKind::kNotFound);
-      const fuse_entry_param entry = entry_param(fs, ino);
-      fuse_reply_entry(req, &entry);
+      if (ino == kStatsInode) ino = fs.new_stats_snapshot();
+      fuse_entry_param entry = entry_param(fs, ino);
+      // Every path walk to stats.json comes back here for a fresh snapshot.
+      if (decode_inode(ino).kind == InodeRef::Kind::kStatsSnapshot) entry.entry_timeout = 0;
+      if (fuse_reply_entry(req, &entry) != 0 && entry.ino == ino) {
+        // The kernel never got it, so no FORGET will come.
+        if (decode_inode(ino).kind == InodeRef::Kind::kStatsSnapshot) {
+          fs.forget_stats_snapshot(ino, 1);
+        }
+      }
     });
   }
 
@@ -441,15 +466,13 @@ struct Handlers {
       if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
         return fail(fs, req, EROFS);
       }
+      // See init: this reply makes it the last OPEN the kernel sends.
+      if (fs.no_open_) return (void)fuse_reply_err(req, ENOSYS);
       const InodeRef ref = decode_inode(ino);
       switch (ref.kind) {
-        case InodeRef::Kind::kStats: {
-          // A fresh snapshot per open, read with direct I/O so every reader sees the current one.
-          fi->direct_io = 1;
-          fi->fh = fs.open_stats_snapshot();
-          if (fuse_reply_open(req, fi) != 0) fs.close_stats_snapshot(fi->fh);  // no RELEASE comes
-          return;
-        }
+        case InodeRef::Kind::kStatsSnapshot:
+          if (!fs.stats_snapshot(ino)) return fail(fs, req, ENOENT);
+          break;
         case InodeRef::Kind::kMeta:
           if (ref.meta == MetaFile::kDirectory) return fail(fs, req, EISDIR);
           if (!dataset_of(fs, ref)) return fail(fs, req, ENOENT);
@@ -458,7 +481,6 @@ struct Handlers {
           const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
           if (!d) return fail(fs, req, ENOENT);
           if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
-          fs.counters_.files_opened.fetch_add(1, std::memory_order_relaxed);
           break;
         }
         case InodeRef::Kind::kInvalid:
@@ -473,7 +495,7 @@ struct Handlers {
     });
   }
 
-  static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
     guarded(req, Op::kRead, [&](Filesystem& fs) {
       if (off < 0) return fail(fs, req, EINVAL);
       const InodeRef ref = decode_inode(ino);
@@ -483,11 +505,11 @@ struct Handlers {
         fuse_reply_buf(req, text.data() + from, length);
       };
       switch (ref.kind) {
-        case InodeRef::Kind::kStats: {
-          // Our own reference: RELEASE may drop the handle's on another thread as soon as the
+        case InodeRef::Kind::kStatsSnapshot: {
+          // Our own reference: FORGET may drop the snapshot on another thread as soon as the
           // reader has the bytes, while this thread is still inside fuse_reply_buf.
-          const Filesystem::StatsSnapshot snapshot = fs.stats_snapshot(fi->fh);
-          if (!snapshot) return fail(fs, req, EBADF);
+          const Filesystem::StatsSnapshot snapshot = fs.stats_snapshot(ino);
+          if (!snapshot) return fail(fs, req, ESTALE);
           return reply_text(*snapshot);
         }
         case InodeRef::Kind::kMeta:
@@ -504,6 +526,7 @@ struct Handlers {
       if (!d) return fail(fs, req, ENOENT);
       if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
 
+      if (off == 0) fs.counters_.files_read.fetch_add(1, std::memory_order_relaxed);
       const std::vector<prefetch::Slice> slices =
           fs.reader_.read(*d, ref.entry, static_cast<uint64_t>(off), size);
       std::vector<iovec> iov;
@@ -523,11 +546,23 @@ struct Handlers {
     });
   }
 
-  static void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-    guarded(req, Op::kRelease, [&](Filesystem& fs) {
-      if (ino == kStatsInode) fs.close_stats_snapshot(fi->fh);
-      fuse_reply_err(req, 0);
-    });
+  // Inodes are computed, not stored; only stats.json snapshots have lookups to count.
+  static void forget_one(Filesystem& fs, uint64_t ino, uint64_t lookups) {
+    fs.counters_.count(Op::kForget);
+    if (decode_inode(ino).kind == InodeRef::Kind::kStatsSnapshot) {
+      fs.forget_stats_snapshot(ino, lookups);
+    }
+  }
+
+  static void forget(fuse_req_t req, fuse_ino_t ino, uint64_t lookups) {
+    forget_one(self(req), ino, lookups);
+    fuse_reply_none(req);
+  }
+
+  static void forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+    Filesystem& fs = self(req);
+    for (size_t i = 0; i < count; ++i) forget_one(fs, forgets[i].ino, forgets[i].nlookup);
+    fuse_reply_none(req);
   }
 
   static void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -620,7 +655,8 @@ struct Handlers {
         entry.attr.st_ino = child_ino;
         entry.attr.st_mode = position < 2 || is_dir_inode(child_ino) ? S_IFDIR : S_IFREG;
       }
-      entry.ino = child_ino;
+      // A stats.json entry must not be cached: only a lookup hands out its snapshot inode.
+      entry.ino = out.plus() && child_ino == kStatsInode ? 0 : child_ino;
       entry.attr_timeout = timeout;
       entry.entry_timeout = kImmutableTimeout;
       if (!out.add(name, entry, static_cast<off_t>(position + 1))) break;
@@ -731,7 +767,8 @@ const fuse_lowlevel_ops& Filesystem::operations() {
     o.getattr = &Handlers::getattr;
     o.open = &Handlers::open;
     o.read = &Handlers::read;
-    o.release = &Handlers::release;
+    o.forget = &Handlers::forget;
+    o.forget_multi = &Handlers::forget_multi;
     o.opendir = &Handlers::opendir;
     o.readdir = &Handlers::readdir;
     o.readdirplus = &Handlers::readdirplus;

@@ -63,13 +63,14 @@ class Filesystem {
   // Text of a generated .meta file, rendered on first use.
   const std::string& meta_content(uint32_t dataset, MetaFile file);
 
-  // Open .dsfs/stats.json handles (fuse_file_info::fh) and their snapshots. Owned here rather
-  // than by the handle, so snapshots whose RELEASE never arrives (an unmount racing a close)
-  // are freed with the Filesystem.
+  // .dsfs/stats.json: every lookup renders a snapshot under a new inode (entry timeout 0). A
+  // snapshot never changes, so it is served like any immutable file, page cache included, which
+  // is what lets the mount skip OPEN (no per-open direct_io). FORGET frees a snapshot; any left
+  // when the kernel unmounts without forgetting are freed with the Filesystem.
   using StatsSnapshot = std::shared_ptr<const std::string>;
-  uint64_t open_stats_snapshot();
-  StatsSnapshot stats_snapshot(uint64_t handle) const;  // nullptr for an unknown handle
-  void close_stats_snapshot(uint64_t handle);
+  uint64_t new_stats_snapshot();                     // its inode, with one lookup
+  StatsSnapshot stats_snapshot(uint64_t ino) const;  // nullptr for an unknown inode
+  void forget_stats_snapshot(uint64_t ino, uint64_t lookups);
 
   struct MetaContents {
     std::array<std::once_flag, 5> once;
@@ -85,9 +86,15 @@ class Filesystem {
   prefetch::ObjectFetcher fetcher_;
   prefetch::FileReader reader_;
   FsCounters counters_;
-  mutable std::mutex stats_handles_mutex_;
-  std::unordered_map<uint64_t, StatsSnapshot> stats_handles_;
-  uint64_t last_stats_handle_ = 0;
+  struct CountedSnapshot {
+    StatsSnapshot text;
+    uint64_t lookups = 0;
+  };
+  mutable std::mutex stats_snapshots_mutex_;
+  std::unordered_map<uint64_t, CountedSnapshot> stats_snapshots_;
+  uint64_t last_stats_snapshot_ = kStatsSnapshotBase;
+  // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
+  bool no_open_ = false;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const int64_t mounted_unix_;
   const uint32_t owner_uid_;

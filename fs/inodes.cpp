@@ -31,6 +31,8 @@ InodeRef decode_inode(uint64_t ino) {
   if (ino == kMetaDirInode) return {.kind = Kind::kMetaDir};
   if (ino == kControlDirInode) return {.kind = Kind::kControlDir};
   if (ino == kStatsInode) return {.kind = Kind::kStats};
+  if (ino > kStatsSnapshotBase && ino < 2 * kStatsSnapshotBase)
+    return {.kind = Kind::kStatsSnapshot};
   if (ino >= 16 && ino < (uint64_t{1} << 32)) {
     const uint64_t slot = (ino - 16) % 8;
     if (slot > static_cast<uint32_t>(MetaFile::kMetadata)) return {};

@@ -5,6 +5,7 @@
 //   2, 3, 4                   .meta, .dsfs, .dsfs/stats.json
 //   16 + 8*D + k              .meta/NAME of dataset D (k = 0) and its files (k = 1..4)
 //   ((D + 1) << 32) | E       catalogue entry E of dataset D (E = 0: the dataset's root)
+//   (1 << 62) | N             snapshot N of .dsfs/stats.json (one per lookup; see Filesystem)
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -14,7 +15,8 @@ namespace dsfs::fs {
 inline constexpr uint64_t kRootInode = 1;  // FUSE_ROOT_ID
 inline constexpr uint64_t kMetaDirInode = 2;
 inline constexpr uint64_t kControlDirInode = 3;
-inline constexpr uint64_t kStatsInode = 4;
+inline constexpr uint64_t kStatsInode = 4;  // the name; its contents live in snapshot inodes
+inline constexpr uint64_t kStatsSnapshotBase = uint64_t{1} << 62;
 inline constexpr std::string_view kMetaDirName = ".meta";
 inline constexpr std::string_view kControlDirName = ".dsfs";
 inline constexpr std::string_view kStatsFileName = "stats.json";
@@ -42,7 +44,7 @@ constexpr uint64_t entry_inode(uint32_t dataset, uint32_t entry) {
 }
 
 struct InodeRef {
-  enum class Kind { kInvalid, kRoot, kMetaDir, kControlDir, kStats, kMeta, kEntry };
+  enum class Kind { kInvalid, kRoot, kMetaDir, kControlDir, kStats, kStatsSnapshot, kMeta, kEntry };
   Kind kind = Kind::kInvalid;
   uint32_t dataset = 0;
   uint32_t entry = 0;                    // kEntry

@@ -16,8 +16,8 @@ std::string_view op_name(Op op) {
       return "open";
     case Op::kRead:
       return "read";
-    case Op::kRelease:
-      return "release";
+    case Op::kForget:
+      return "forget";
     case Op::kOpendir:
       return "opendir";
     case Op::kReaddir:
@@ -96,7 +96,7 @@ std::string render_stats_json(const StatsSources& sources) {
       {"redis", std::string(sources.redis_endpoint)},
       {"requests", requests},
       {"requests_total", total_requests},
-      {"files_opened", load(sources.fs.files_opened)},
+      {"files_read", load(sources.fs.files_read)},
       {"bytes_read", load(sources.fs.bytes_read)},
       {"redis_ops",
        {{"round_trips", load(f.round_trips)},

@@ -1,5 +1,5 @@
 // The FUSE request handlers under concurrent requests, through a real in-process mount: many
-// threads reading .dsfs/stats.json while other FUSE threads release the files they opened.
+// threads reading .dsfs/stats.json while other FUSE threads forget the snapshots they read.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -48,9 +48,9 @@ class FsReview : public ::testing::Test {
   std::unique_ptr<Mount> mount_;
 };
 
-// The stats.json snapshot lived in the open file and was freed by RELEASE, which another FUSE
-// thread may handle as soon as the reader has its bytes: while the READ handler was still
-// inside fuse_reply_buf (sanitizers check the written buffer after writev returns). Under the
+// A stats.json snapshot is freed by FORGET (before: by RELEASE), which another FUSE thread may
+// handle as soon as the reader has its bytes: while the READ handler is still inside
+// fuse_reply_buf (sanitizers check the written buffer after writev returns). Under the
 // project's ASan build that aborted the daemon; the snapshot must outlive every reply from it.
 TEST_F(FsReview, StatsJsonSnapshotsOutliveTheirReplies) {
   const stdfs::path stats = mount_->mountpoint() / kControlDirName / kStatsFileName;

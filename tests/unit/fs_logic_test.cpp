@@ -51,6 +51,10 @@ TEST(Inodes, FixedInodesAndGaps) {
   EXPECT_EQ(decode_inode(kMetaDirInode).kind, InodeRef::Kind::kMetaDir);
   EXPECT_EQ(decode_inode(kControlDirInode).kind, InodeRef::Kind::kControlDir);
   EXPECT_EQ(decode_inode(kStatsInode).kind, InodeRef::Kind::kStats);
+  EXPECT_EQ(decode_inode(kStatsSnapshotBase + 1).kind, InodeRef::Kind::kStatsSnapshot);
+  EXPECT_EQ(decode_inode(kStatsSnapshotBase + 123456789).kind, InodeRef::Kind::kStatsSnapshot);
+  EXPECT_EQ(decode_inode(kStatsSnapshotBase).kind, InodeRef::Kind::kInvalid);
+  EXPECT_EQ(decode_inode(2 * kStatsSnapshotBase).kind, InodeRef::Kind::kInvalid);
   EXPECT_EQ(decode_inode(0).kind, InodeRef::Kind::kInvalid);
   EXPECT_EQ(decode_inode(10).kind, InodeRef::Kind::kInvalid);
   EXPECT_EQ(decode_inode(16 + 5).kind, InodeRef::Kind::kInvalid);  // slot 5 of dataset 0: unused

@@ -95,6 +95,14 @@ int read_errno(const stdfs::path& path, std::string* content = nullptr) {
   return 0;
 }
 
+// Drops the kernel's cached pages of `path`, so the next read reaches the filesystem.
+void drop_page_cache(const stdfs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << path;
+  EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0) << path;
+  ::close(fd);
+}
+
 std::set<std::string> list_dir(const stdfs::path& dir) {
   std::set<std::string> names;
   for (const auto& entry : stdfs::directory_iterator(dir)) {
@@ -421,17 +429,54 @@ TEST_F(MountTest, VerifyCatchesSameLengthCorruption) {
 }
 
 TEST_F(MountTest, StatsJsonCountsRequestsAndBytes) {
+  drop_page_cache(data() / "dogs/d1.jpg");
   const nlohmann::json before = stats();
   std::string content;
   ASSERT_EQ(read_errno(data() / "dogs/d1.jpg", &content), 0);
   const nlohmann::json after = stats();
-  EXPECT_GE(after["bytes_read"].get<uint64_t>(), before["bytes_read"].get<uint64_t>());
-  EXPECT_GT(after["requests"]["open"].get<uint64_t>(), before["requests"]["open"].get<uint64_t>());
+  EXPECT_EQ(after["bytes_read"].get<uint64_t>(),
+            before["bytes_read"].get<uint64_t>() + content.size());
+  EXPECT_GT(after["files_read"].get<uint64_t>(), before["files_read"].get<uint64_t>());
+  EXPECT_GT(after["requests"]["read"].get<uint64_t>(), before["requests"]["read"].get<uint64_t>());
   EXPECT_EQ(after["datasets"][kDataset]["generation"], generation_);
   EXPECT_EQ(after["cache"]["capacity_bytes"], 16 << 20);
   EXPECT_GT(after["redis_ops"]["gets"].get<uint64_t>(), 0u);
   EXPECT_LE(after["cache"]["bytes"].get<uint64_t>(),
             after["cache"]["capacity_bytes"].get<uint64_t>());
+}
+
+// Files never change, so the kernel is told to skip OPEN and RELEASE: reading many files costs
+// no OPEN after the first (which answers ENOSYS to switch it off) and no RELEASE at all.
+TEST_F(MountTest, ReadingFilesCostsNoOpenOrReleaseRequests) {
+  const std::vector<std::string> files = {"cats/c1.jpg", "cats/c2.jpg", "dogs/d1.jpg", "big.bin"};
+  const nlohmann::json before = stats();
+  for (int round = 0; round < 3; ++round) {
+    for (const std::string& file : files) {
+      drop_page_cache(data() / file);  // every round reaches the filesystem
+      ASSERT_EQ(read_errno(data() / file), 0) << file;
+    }
+  }
+  const nlohmann::json after = stats();
+  EXPECT_LE(after["requests"]["open"].get<uint64_t>(), 1u);
+  EXPECT_EQ(after["requests"].count("release"), 0u);
+  EXPECT_EQ(after["files_read"].get<uint64_t>(),
+            before["files_read"].get<uint64_t>() + 3 * files.size());
+}
+
+// Each open of stats.json sees counters as of that open, whole, with stat's size matching the
+// bytes read, even though the kernel caches file contents across opens.
+TEST_F(MountTest, EveryOpenOfStatsJsonIsAFreshWholeSnapshot) {
+  const stdfs::path path = mnt() / ".dsfs/stats.json";
+  uint64_t last_lookups = 0;
+  for (int i = 0; i < 5; ++i) {
+    const uintmax_t size = stdfs::file_size(path);
+    const std::string text = test::read_file(path);
+    const nlohmann::json s = nlohmann::json::parse(text);
+    EXPECT_GT(size, 0u);
+    const uint64_t lookups = s["requests"]["lookup"].get<uint64_t>();
+    EXPECT_GT(lookups, last_lookups);  // this open's own lookup is counted in its snapshot
+    last_lookups = lookups;
+  }
 }
 
 // Last: takes Redis away and brings it back.
