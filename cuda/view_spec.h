@@ -21,6 +21,7 @@ struct ResizeRule {
   int shorter_side = 0;  // kShorterSide: torchvision Resize(int)
   int width = 0;         // kExact: torchvision Resize((height, width))
   int height = 0;
+  bool operator==(const ResizeRule&) const = default;
 };
 
 struct ViewSpec {
