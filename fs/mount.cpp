@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -416,6 +417,20 @@ void Session::install_signal_handlers() {
     throw std::runtime_error("cannot install the SIGINT/SIGTERM/SIGHUP handlers");
   }
   signal_handlers_ = true;
+}
+
+void set_readahead(dev_t device, uint64_t bytes) {
+  const std::filesystem::path knob =
+      fmt::format("/sys/class/bdi/{}:{}/read_ahead_kb", major(device), minor(device));
+  std::ofstream out(knob);
+  out << (bytes + 1023) / 1024 << '\n';
+  out.flush();
+  if (!out) {
+    spdlog::info("cannot set readahead through {} (not root?); keeping the kernel's",
+                 knob.string());
+    return;
+  }
+  spdlog::debug("readahead {} KiB via {}", (bytes + 1023) / 1024, knob.string());
 }
 
 // ---- Mount ------------------------------------------------------------------------------------

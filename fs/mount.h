@@ -2,6 +2,8 @@
 // Mounting: checks before a mount, the leases that keep the mounted generations from being
 // collected, loading the datasets' snapshots, the FUSE session, and an in-process RAII mount
 // (used by tests and by anything embedding dsfs).
+#include <sys/types.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -109,6 +111,13 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
                                                      const std::vector<std::string>& names,
                                                      std::chrono::milliseconds connect_wait,
                                                      GenerationLeases* leases = nullptr);
+
+// Readahead a mount asks for: files up to this size arrive in one READ (the FUSE maximum).
+inline constexpr uint64_t kDefaultReadahead = uint64_t{1} << 20;
+
+// Sets the readahead of the mounted filesystem on device `device` (its backing device info in
+// sysfs). Best effort: logs and carries on when sysfs refuses (not root, no sysfs).
+void set_readahead(dev_t device, uint64_t bytes);
 
 struct SessionOptions {
   std::filesystem::path mountpoint;

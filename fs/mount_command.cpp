@@ -52,6 +52,7 @@ struct MountArgs {
   bool verify = false;
   unsigned threads = kDefaultThreads;
   unsigned connections = kDefaultConnections;
+  uint64_t readahead_bytes = kDefaultReadahead;
   std::string log_file;
 };
 
@@ -180,17 +181,17 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   leases.start_refreshing();  // after the fork: the thread must run in the daemon
   session.install_signal_handlers();
   // Reports readiness once a real request has been answered: stat() of the mount's root only
-  // returns after the kernel's INIT and a GETATTR went through this process.
-  std::thread readiness;
-  if (ready_fd >= 0) {
-    readiness = std::thread([&mountpoint, ready_fd] {
-      struct stat st {};
-      const bool serving = ::stat(mountpoint.c_str(), &st) == 0 && st.st_ino == kRootInode;
-      const char status = serving ? 'R' : 'F';
-      if (::write(ready_fd, &status, 1) != 1) spdlog::debug("the mount command has gone");
-      ::close(ready_fd);
-    });
-  }
+  // returns after the kernel's INIT and a GETATTR went through this process. Readahead is set
+  // then too, since INIT caps it at the kernel's default.
+  std::thread readiness([&mountpoint, ready_fd, readahead = args.readahead_bytes] {
+    struct stat st {};
+    const bool serving = ::stat(mountpoint.c_str(), &st) == 0 && st.st_ino == kRootInode;
+    if (serving && readahead != 0) set_readahead(st.st_dev, readahead);
+    if (ready_fd < 0) return;
+    const char status = serving ? 'R' : 'F';
+    if (::write(ready_fd, &status, 1) != 1) spdlog::debug("the mount command has gone");
+    ::close(ready_fd);
+  });
   int result = 0;
   std::exception_ptr failure;
   try {
@@ -330,6 +331,12 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       ->capture_default_str();
   mount->add_option("--connections", mount_args->connections, "Redis connections for reads")
       ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  mount
+      ->add_option("--readahead", mount_args->readahead_bytes,
+                   "Kernel readahead for the mount, so a whole image comes in one request "
+                   "(e.g. 1MiB; 0 keeps the kernel's 128 KiB; needs root, else ignored)")
+      ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   mount->add_option("--log-file", mount_args->log_file,
                     "Where the background daemon logs (default: "

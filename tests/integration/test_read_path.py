@@ -1,0 +1,82 @@
+"""The read path's kernel round trips through a real `dsfs mount`: files skip OPEN/RELEASE, an
+image up to the readahead arrives in one READ, and a re-read comes from the page cache."""
+import json
+import os
+import unittest
+
+from harness import DsfsTestCase
+
+
+def drop_page_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class ReadPathTest(DsfsTestCase):
+    def setUp(self):
+        super().setUp()
+        src = os.path.join(self.tmp, "src", "cls")
+        os.makedirs(src)
+        # Sizes around the kernel's 128 KiB default readahead and the 1 MiB the mount asks for.
+        self.sizes = {"small.bin": 1000, "image.bin": 110_000, "large.bin": 600_000,
+                      "huge.bin": 3_000_000}
+        for name, size in self.sizes.items():
+            with open(os.path.join(src, name), "wb") as f:
+                f.write(os.urandom(size))
+        self.dsfs("ingest", os.path.join(self.tmp, "src"), "--dataset", "rp",
+                  "--progress", "none")
+
+    def stats(self, mnt):
+        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
+            return json.load(f)
+
+    def reads_between(self, before, after):
+        """READ requests between two snapshots, less the one that read `before` itself."""
+        return after["requests"]["read"] - before["requests"]["read"] - 1
+
+    def read_all(self, path):
+        with open(path, "rb", buffering=0) as f:
+            data = b""
+            while chunk := f.read(1 << 20):
+                data += chunk
+        return data
+
+    def test_whole_images_arrive_in_one_read_without_open_or_release(self):
+        mnt = self.mount()
+        for name in ("small.bin", "image.bin", "large.bin"):
+            path = os.path.join(mnt, "rp", "cls", name)
+            drop_page_cache(path)
+            before = self.stats(mnt)
+            self.assertEqual(len(self.read_all(path)), self.sizes[name])
+            after = self.stats(mnt)
+            self.assertEqual(self.reads_between(before, after), 1, name)
+            self.assertEqual(after["files_read"] - before["files_read"], 1, name)
+        self.assertLessEqual(self.stats(mnt)["requests"]["open"], 1)
+        self.assertNotIn("release", self.stats(mnt)["requests"])
+
+    def test_rereads_come_from_the_page_cache(self):
+        mnt = self.mount()
+        path = os.path.join(mnt, "rp", "cls", "huge.bin")
+        first = self.read_all(path)
+        before = self.stats(mnt)
+        for _ in range(3):
+            self.assertEqual(self.read_all(path), first)
+        after = self.stats(mnt)
+        self.assertEqual(self.reads_between(before, after), 0)
+        self.assertEqual(after["bytes_read"], before["bytes_read"])
+
+    def test_readahead_zero_keeps_the_kernel_default(self):
+        mnt = self.mount("--readahead", "0")
+        path = os.path.join(mnt, "rp", "cls", "large.bin")
+        before = self.stats(mnt)
+        self.assertEqual(len(self.read_all(path)), self.sizes["large.bin"])
+        after = self.stats(mnt)
+        # 128 KiB requests: the same bytes take several READs.
+        self.assertGreater(self.reads_between(before, after), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
