@@ -1,12 +1,210 @@
+// `dsfs proxy`: options, the listening line, the port file and signal handling around
+// tools::LatencyProxy.
 #include "tools/proxy_command.h"
 
+#include <sys/resource.h>
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
-namespace dsfs::tools {
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <system_error>
 
-// Being written (issue 3); registered so src/main.cpp is final.
-void register_proxy_command(CLI::App& app, cli::GlobalOptions&) {
-  app.add_subcommand("proxy", "(not built yet)");
+#include "tools/proxy.h"
+
+namespace dsfs::tools {
+namespace {
+
+std::atomic<LatencyProxy*> g_signalled_proxy{nullptr};
+static_assert(std::atomic<LatencyProxy*>::is_always_lock_free,
+              "the signal handler needs a lock-free atomic");
+
+extern "C" void on_stop_signal(int) {
+  if (LatencyProxy* proxy = g_signalled_proxy.load()) proxy->stop();
+}
+
+// SIGINT/SIGTERM stop `proxy` (run() returns, the command exits 0) while this lives.
+class StopSignalGuard {
+ public:
+  explicit StopSignalGuard(LatencyProxy& proxy) {
+    g_signalled_proxy.store(&proxy);
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, &previous_int_);
+    sigaction(SIGTERM, &action, &previous_term_);
+  }
+  ~StopSignalGuard() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+    g_signalled_proxy.store(nullptr);
+  }
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
+
+ private:
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+// Writes the port to `path` (via a rename, so a reader never sees half a file) and removes the
+// file again on destruction.
+class PortFile {
+ public:
+  PortFile(std::filesystem::path path, int port) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    const std::filesystem::path partial = path_.string() + ".partial";
+    {
+      std::ofstream out(partial, std::ios::trunc);
+      out << port << '\n';
+      if (!out.flush()) {
+        throw std::runtime_error(fmt::format("cannot write the port file {}", partial.string()));
+      }
+    }
+    std::error_code error;
+    std::filesystem::rename(partial, path_, error);
+    if (error) {
+      throw std::runtime_error(
+          fmt::format("cannot write the port file {}: {}", path_.string(), error.message()));
+    }
+  }
+  ~PortFile() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove(path_, ignored);
+  }
+  PortFile(const PortFile&) = delete;
+  PortFile& operator=(const PortFile&) = delete;
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Each connection costs two descriptors; the default soft limit (often 1024) would cap the
+// proxy at about 500 clients.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+struct ProxyCommandState {
+  std::string listen;
+  std::string upstream;
+  std::string rtt;
+  std::string jitter = "0";
+  std::string rate = "0";
+  size_t max_queue_mib = 64;
+  std::string port_file;
+  std::string stats = "0";
+  uint64_t seed = 0;
+};
+
+// Runs `parse` on `text`, naming `option` in the error.
+template <typename Parse>
+auto parse_option(std::string_view option, const std::string& text, Parse&& parse) {
+  try {
+    return parse(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: {}", option, e.what()));
+  }
+}
+
+ProxyOptions make_options(const ProxyCommandState& state) {
+  ProxyOptions options;
+  options.listen = parse_option("--listen", state.listen, parse_socket_address);
+  options.upstream = parse_option("--upstream", state.upstream, parse_socket_address);
+  options.rtt = parse_option("--rtt", state.rtt, parse_duration);
+  options.jitter = parse_option("--jitter", state.jitter, parse_duration);
+  options.rate_bytes_per_second = parse_option("--rate", state.rate, parse_rate);
+  options.stats_interval = parse_option("--stats", state.stats, parse_duration);
+  options.max_queued_bytes = state.max_queue_mib << 20;
+  options.jitter_seed = state.seed;
+  validate_proxy_options(options);
+  return options;
+}
+
+void run_proxy(const ProxyCommandState& state) {
+  const ProxyOptions options = make_options(state);
+  raise_open_file_limit();
+  if (!state.port_file.empty()) {
+    // A stale file from an earlier run would hand a waiting script the wrong port.
+    std::error_code ignored;
+    std::filesystem::remove(state.port_file, ignored);
+  }
+  LatencyProxy proxy(options);
+  const StopSignalGuard signals(proxy);
+  const PortFile port_file(state.port_file, proxy.listening_address().port);
+  fmt::print("dsfs proxy: {} -> {}, rtt {}, jitter {}, rate {}\n",
+             proxy.listening_address().describe(), options.upstream.describe(),
+             format_duration(options.rtt), format_duration(options.jitter),
+             format_rate(options.rate_bytes_per_second));
+  std::fflush(stdout);
+  proxy.run();
+  spdlog::info("dsfs proxy: stopped");
+}
+
+}  // namespace
+
+void register_proxy_command(CLI::App& app, cli::GlobalOptions& global) {
+  auto state = std::make_shared<ProxyCommandState>();
+  CLI::App* sub = app.add_subcommand(
+      "proxy",
+      "Emulate a WAN link in user space (no tc netem needed): forward every connection made to\n"
+      "--listen to --upstream, delaying each direction by half of --rtt (so a request and its\n"
+      "reply take one RTT more), keeping the bytes of each connection in order. A new\n"
+      "connection's first bytes also wait for an emulated TCP handshake (one more RTT).\n"
+      "When one side closes, what is queued is delivered, then the other side is closed.\n"
+      "Prints one line once it listens; SIGINT/SIGTERM stop it (exit 0).\n"
+      "Example: dsfs proxy --listen 127.0.0.1:7000 --upstream 127.0.0.1:6379 --rtt 100ms");
+  sub->add_option("--listen", state->listen,
+                  "Where clients connect: HOST:PORT, [IPV6]:PORT or unix:/PATH (a stale socket "
+                  "file there is replaced; the file is removed on exit). Port 0: any free port "
+                  "(see --port-file)")
+      ->required();
+  sub->add_option("--upstream", state->upstream,
+                  "The server to forward to: HOST:PORT, [IPV6]:PORT or unix:/PATH")
+      ->required();
+  sub->add_option("--rtt", state->rtt,
+                  "Round-trip time to add: a number and a unit ns, us, ms or s (100ms, 0.5s, "
+                  "250us), or 0")
+      ->required();
+  sub->add_option("--jitter", state->jitter,
+                  "Random variation: each direction's delay is uniform in rtt/2 ± jitter/2, so a "
+                  "round trip stays within rtt ± jitter; never reorders bytes. At most --rtt")
+      ->capture_default_str();
+  sub->add_option("--rate", state->rate,
+                  "Bandwidth of each direction, shared by all connections like one network "
+                  "interface (bytes are serialized at this rate, no burst): 500kbit, 100mbit, "
+                  "1gbit (bits/s, SI) or 10MB, 64MiB (bytes/s); 0: unlimited")
+      ->capture_default_str();
+  sub->add_option("--max-queue-mib", state->max_queue_mib,
+                  "Bytes one direction of one connection may hold, in MiB; beyond it the proxy "
+                  "stops reading that side until it drains (backpressure)")
+      ->check(CLI::Range(size_t{1}, size_t{4096}))
+      ->capture_default_str();
+  sub->add_option("--port-file", state->port_file,
+                  "Write the port it listens on to this file once listening (useful with port "
+                  "0); removed on exit");
+  sub->add_option("--stats", state->stats,
+                  "Log counters (connections, bytes, how late releases were) on stderr at this "
+                  "interval, e.g. 5s, and once more on exit; 0: never")
+      ->capture_default_str();
+  sub->add_option("--seed", state->seed, "Seed of the jitter; 0: random")->capture_default_str();
+  cli::add_log_level_option(*sub, global);
+  sub->callback([state, &global] {
+    cli::apply_log_level(global);
+    run_proxy(*state);
+  });
 }
 
 }  // namespace dsfs::tools
