@@ -1,14 +1,13 @@
 // view_render SPEC OUT_DIR FILE...: writes OUT_DIR/<file name>.npy for each input, through the
 // same decode and transform as MOUNT/.views, so tests can compare it with torchvision.
 #include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
-#include <cstring>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <vector>
 
 #include "cuda/backend.h"
@@ -21,9 +20,9 @@ namespace {
 std::vector<std::byte> read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("cannot open {}", path.string()));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> data(bytes.size());
-  std::memcpy(data.data(), bytes.data(), bytes.size());
+  std::vector<std::byte> data(std::filesystem::file_size(path));
+  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  if (!in) throw std::runtime_error(fmt::format("cannot read {}", path.string()));
   return data;
 }
 

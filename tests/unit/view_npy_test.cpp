@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <string>
 
 namespace dsfs::view {
@@ -34,15 +33,23 @@ ParsedHeader parse(const std::string& header) {
   parsed.dict = rest.substr(0, end + 1);
   // Only spaces between the dict and the final newline.
   EXPECT_EQ(rest.find_first_not_of(' ', end + 1), rest.size() - 1);
-  const std::regex dict_pattern(
-      R"(^\{'descr': '([^']*)', 'fortran_order': (True|False), 'shape': (\([0-9, ]*\)), \}$)");
-  std::smatch match;
-  EXPECT_TRUE(std::regex_match(parsed.dict, match, dict_pattern)) << parsed.dict;
-  if (match.size() == 4) {
-    parsed.descr = match[1];
-    parsed.fortran_order = match[2];
-    parsed.shape = match[3];
-  }
+  // {'descr': '<f4', 'fortran_order': False, 'shape': (3, 224, 224), }
+  const std::string descr_key = "{'descr': '";
+  const std::string order_key = "', 'fortran_order': ";
+  const std::string shape_key = ", 'shape': ";
+  const std::string tail = ", }";
+  const auto order_at = parsed.dict.find(order_key);
+  const auto shape_at = parsed.dict.find(shape_key);
+  const bool well_formed = parsed.dict.starts_with(descr_key) && parsed.dict.ends_with(tail) &&
+                           order_at != std::string::npos && shape_at != std::string::npos &&
+                           order_at < shape_at;
+  EXPECT_TRUE(well_formed) << parsed.dict;
+  if (!well_formed) return parsed;
+  parsed.descr = parsed.dict.substr(descr_key.size(), order_at - descr_key.size());
+  const auto order_begin = order_at + order_key.size();
+  parsed.fortran_order = parsed.dict.substr(order_begin, shape_at - order_begin);
+  const auto shape_begin = shape_at + shape_key.size();
+  parsed.shape = parsed.dict.substr(shape_begin, parsed.dict.size() - tail.size() - shape_begin);
   return parsed;
 }
 
