@@ -7,9 +7,11 @@ namespace dsfs::prefetch {
 
 ObjectData::ObjectData(std::string bytes) : owned_(std::move(bytes)), bytes_(owned_) {}
 
-ObjectData::ObjectData(store::Reply reply) : reply_(std::move(reply)) {
-  if (!reply_.is_string()) throw std::invalid_argument("ObjectData needs a string reply");
-  bytes_ = reply_.str();
+ObjectData::ObjectData(store::ValueReply value) : value_(std::move(value.bytes)) {
+  if (value.kind != store::ValueReply::Kind::kValue) {
+    throw std::invalid_argument("ObjectData needs a value reply");
+  }
+  bytes_ = std::string_view(value_.get(), value.size);
 }
 
 }  // namespace dsfs::prefetch

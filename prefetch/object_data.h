@@ -1,5 +1,6 @@
 #pragma once
 // One immutable object (a file, or one chunk of a large file) as it came from Redis.
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -8,13 +9,14 @@
 
 namespace dsfs::prefetch {
 
-// Holds the bytes either in its own string or inside the hiredis reply they arrived in, so a
-// fetched object is never copied between the socket buffer and the FUSE reply.
+// Holds the bytes either in its own string or in the buffer a GET reply was read into straight
+// from the socket (store::Connection::get_values), so a fetched object is never copied between
+// the socket and the FUSE reply.
 class ObjectData {
  public:
   explicit ObjectData(std::string bytes);
-  // `reply` must be a bulk string reply.
-  explicit ObjectData(store::Reply reply);
+  // `value` must be a kValue reply.
+  explicit ObjectData(store::ValueReply value);
   // Pinned in place: bytes() points into this object.
   ObjectData(const ObjectData&) = delete;
   ObjectData& operator=(const ObjectData&) = delete;
@@ -24,7 +26,7 @@ class ObjectData {
 
  private:
   std::string owned_;
-  store::Reply reply_;
+  std::unique_ptr<char[]> value_;
   std::string_view bytes_;
 };
 

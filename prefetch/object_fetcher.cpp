@@ -34,29 +34,27 @@ uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t e
 std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dataset,
                                                       uint32_t entry,
                                                       std::span<const uint32_t> chunks) {
-  std::vector<std::array<std::string, 2>> commands;
-  commands.reserve(chunks.size());
-  for (const uint32_t chunk : chunks) commands.push_back({"GET", chunk_key(dataset, entry, chunk)});
+  std::vector<std::string> keys;
+  keys.reserve(chunks.size());
+  for (const uint32_t chunk : chunks) keys.push_back(chunk_key(dataset, entry, chunk));
 
   unsigned attempts = 0;
-  std::vector<store::Reply> replies;
+  std::vector<store::ValueReply> replies;
   const bool was_down = redis_down_.load(std::memory_order_relaxed);
   try {
     replies = store::with_retry(was_down ? std::chrono::milliseconds{0} : options_.timeout, [&] {
       if (attempts++ > 0) stats_.retries.fetch_add(1, std::memory_order_relaxed);
-      std::vector<store::Reply> got;
-      got.reserve(commands.size());
       store::ConnectionPool::Lease conn = pool_.acquire();
-      store::pipeline(*conn, commands, options_.pipeline_window, [&](size_t, store::Reply& reply) {
-        if (reply.is_error() && store::is_transient_reply(reply.str())) {
-          // The pool drops a connection with unread replies; retry on a fresh one.
+      std::vector<store::ValueReply> got = conn->get_values(keys, options_.pipeline_window);
+      for (const store::ValueReply& reply : got) {
+        if (reply.kind == store::ValueReply::Kind::kError &&
+            store::is_transient_reply(reply.error)) {
           throw store::ConnectionError(fmt::format("Redis at {} is not ready: {}",
-                                                   pool_.endpoint().describe(), reply.str()));
+                                                   pool_.endpoint().describe(), reply.error));
         }
-        got.push_back(std::move(reply));
-      });
+      }
       stats_.round_trips.fetch_add(1, std::memory_order_relaxed);
-      stats_.gets.fetch_add(commands.size(), std::memory_order_relaxed);
+      stats_.gets.fetch_add(keys.size(), std::memory_order_relaxed);
       return got;
     });
   } catch (const store::ConnectionError& e) {
@@ -79,17 +77,17 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   std::vector<ObjectBuffer> buffers;
   buffers.reserve(replies.size());
   for (size_t i = 0; i < replies.size(); ++i) {
-    store::Reply& reply = replies[i];
-    const std::string& key = commands[i][1];
-    if (reply.is_error()) {
+    store::ValueReply& reply = replies[i];
+    const std::string& key = keys[i];
+    if (reply.kind == store::ValueReply::Kind::kError) {
       stats_.reply_errors.fetch_add(1, std::memory_order_relaxed);
       const std::string message =
           fmt::format("GET {} for {}/{} failed: Redis replied '{}'", key, dataset.name(),
-                      dataset.catalog->path(entry), reply.str());
+                      dataset.catalog->path(entry), reply.error);
       spdlog::error("{}", message);
       throw store::ReplyError(message);
     }
-    if (reply.is_nil() || !reply.is_string()) {
+    if (reply.kind == store::ValueReply::Kind::kNil) {
       stats_.missing.fetch_add(1, std::memory_order_relaxed);
       const std::string message = fmt::format(
           "object key {} of {}/{} is missing from Redis (dataset removed or "
@@ -99,11 +97,11 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       throw IntegrityError(IntegrityError::Kind::kMissing, message);
     }
     const uint64_t expected = chunk_length(*dataset.catalog, entry, chunks[i]);
-    if (reply.str().size() != expected) {
+    if (reply.size != expected) {
       stats_.length_mismatches.fetch_add(1, std::memory_order_relaxed);
       const std::string message = fmt::format(
           "object key {} of {}/{} holds {} bytes but the catalogue says {}: refusing to serve it",
-          key, dataset.name(), dataset.catalog->path(entry), reply.str().size(), expected);
+          key, dataset.name(), dataset.catalog->path(entry), reply.size, expected);
       spdlog::error("{}", message);
       throw IntegrityError(IntegrityError::Kind::kLength, message);
     }

@@ -3,11 +3,15 @@
 #include <fmt/core.h>
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -226,6 +230,165 @@ void Connection::fail(std::string_view what) {
     reason = fmt::format("no reply within the I/O timeout of {} ms", io_timeout_.count());
   }
   throw ConnectionError(fmt::format("{} on Redis at {}: {}", what, endpoint_.describe(), reason));
+}
+
+void Connection::fail_io(std::string_view what, int error) {
+  broken_ = true;
+  const std::string reason =
+      error == 0 ? "connection closed by the server"
+      : error == EAGAIN || error == EWOULDBLOCK
+          ? fmt::format("no reply within the I/O timeout of {} ms", io_timeout_.count())
+          : std::string(std::strerror(error));
+  throw ConnectionError(fmt::format("{} on Redis at {}: {}", what, endpoint_.describe(), reason));
+}
+
+namespace {
+
+// Reads RESP replies from a socket: reply lines through a small staging buffer, bulk payloads
+// straight into their destination (after the few bytes that arrived with the line).
+class ReplyReader {
+ public:
+  explicit ReplyReader(int fd) : fd_(fd) {}
+
+  // The next line, without its "\r\n". Returns false with `error` set (errno, 0 for EOF) on
+  // failure, or with error = -1 for a line longer than the staging buffer.
+  bool line(std::string_view& out, int& error) {
+    for (;;) {
+      const char* begin = staging_ + pos_;
+      const size_t available = len_ - pos_;
+      const void* cr = available >= 2 ? memmem(begin, available, "\r\n", 2) : nullptr;
+      if (cr) {
+        const size_t length = static_cast<size_t>(static_cast<const char*>(cr) - begin);
+        out = std::string_view(begin, length);
+        pos_ += length + 2;
+        return true;
+      }
+      if (pos_ > 0) {
+        std::memmove(staging_, begin, available);
+        len_ = available;
+        pos_ = 0;
+      }
+      if (len_ == sizeof(staging_)) {
+        error = -1;
+        return false;
+      }
+      if (!receive(staging_ + len_, sizeof(staging_) - len_, len_, error)) return false;
+    }
+  }
+
+  // Exactly n bytes into dest.
+  bool read_exact(char* dest, size_t n, int& error) {
+    const size_t from_staging = std::min(n, len_ - pos_);
+    std::memcpy(dest, staging_ + pos_, from_staging);
+    pos_ += from_staging;
+    size_t got = from_staging;
+    while (got < n) {
+      if (!receive(dest + got, n - got, got, error)) return false;
+    }
+    return true;
+  }
+
+  bool drained() const { return pos_ == len_; }
+
+ private:
+  // One recv into [to, to + room), adding what arrived to `count`.
+  bool receive(char* to, size_t room, size_t& count, int& error) {
+    for (;;) {
+      const ssize_t n = ::recv(fd_, to, room, 0);
+      if (n > 0) {
+        count += static_cast<size_t>(n);
+        return true;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      error = n == 0 ? 0 : errno;
+      return false;
+    }
+  }
+
+  int fd_;
+  char staging_[4096];
+  size_t pos_ = 0;
+  size_t len_ = 0;
+};
+
+void append_get(std::string& out, std::string_view key) {
+  fmt::format_to(std::back_inserter(out), "*2\r\n$3\r\nGET\r\n${}\r\n", key.size());
+  out.append(key);
+  out.append("\r\n");
+}
+
+}  // namespace
+
+std::vector<ValueReply> Connection::get_values(std::span<const std::string> keys, size_t window) {
+  if (pending_ != 0 || ctx_->reader->pos != ctx_->reader->len) {
+    throw std::logic_error("get_values on a connection with replies still to read");
+  }
+  window = std::max<size_t>(window, 1);
+  std::vector<ValueReply> replies(keys.size());
+  ReplyReader reader(ctx_->fd);
+  std::string commands;
+  size_t sent = 0;
+  for (size_t received = 0; received < keys.size(); ++received) {
+    if (sent == received) {
+      commands.clear();
+      for (; sent < keys.size() && sent - received < window; ++sent) {
+        append_get(commands, keys[sent]);
+      }
+      for (size_t written = 0; written < commands.size();) {
+        const ssize_t n =
+            ::send(ctx_->fd, commands.data() + written, commands.size() - written, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail_io("cannot send GET", n < 0 ? errno : 0);
+        written += static_cast<size_t>(n);
+      }
+    }
+    int error = 0;
+    std::string_view header;
+    if (!reader.line(header, error)) {
+      if (error < 0) fail_io("reply line too long for GET", EPROTO);
+      fail_io("cannot read a GET reply", error);
+    }
+    ValueReply& reply = replies[received];
+    if (header.starts_with('-')) {
+      reply.kind = ValueReply::Kind::kError;
+      reply.error = std::string(header.substr(1));
+      continue;
+    }
+    long long length = -2;
+    if (header.starts_with('$')) {
+      const auto [end, ec] =
+          std::from_chars(header.data() + 1, header.data() + header.size(), length);
+      if (ec != std::errc() || end != header.data() + header.size()) length = -2;
+    }
+    if (length == -1) {
+      reply.kind = ValueReply::Kind::kNil;
+      continue;
+    }
+    if (length < 0) {
+      broken_ = true;
+      throw ConnectionError(fmt::format("unexpected reply to GET from Redis at {}: '{}'",
+                                        endpoint_.describe(), header.substr(0, 64)));
+    }
+    reply.kind = ValueReply::Kind::kValue;
+    reply.size = static_cast<size_t>(length);
+    // Uninitialized on purpose: every byte is about to be overwritten from the socket.
+    reply.bytes.reset(new char[reply.size + 2]);
+    if (!reader.read_exact(reply.bytes.get(), reply.size + 2, error)) {
+      fail_io("cannot read a GET reply", error);
+    }
+    if (reply.bytes[reply.size] != '\r' || reply.bytes[reply.size + 1] != '\n') {
+      broken_ = true;
+      throw ConnectionError(
+          fmt::format("malformed GET reply from Redis at {} (no CRLF after {} bytes)",
+                      endpoint_.describe(), reply.size));
+    }
+  }
+  if (!reader.drained()) {
+    broken_ = true;
+    throw ConnectionError(
+        fmt::format("Redis at {} sent more than the GET replies asked for", endpoint_.describe()));
+  }
+  return replies;
 }
 
 Reply Connection::command(std::span<const std::string_view> argv) {

@@ -2,6 +2,8 @@
 // One RAII hiredis connection, with AUTH/SELECT done at connect and pipelining.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,6 +46,15 @@ class Reply {
   redisReply* raw_ = nullptr;
 };
 
+// One GET reply read by Connection::get_values.
+struct ValueReply {
+  enum class Kind : uint8_t { kValue, kNil, kError };
+  Kind kind = Kind::kNil;
+  std::unique_ptr<char[]> bytes;  // kValue: `size` bytes, no terminator
+  size_t size = 0;
+  std::string error;  // kError: Redis's message
+};
+
 struct ConnectOptions {
   std::chrono::milliseconds connect_timeout{2000};
   // Read/write timeout of every command; a stalled server then breaks the connection.
@@ -71,6 +82,14 @@ class Connection {
   void append(std::span<const std::string_view> argv);
   void append(std::initializer_list<std::string_view> argv);
   Reply read_reply();  // flushes queued commands; throws ConnectionError on failure
+  // GETs `keys`, at most `window` outstanding, reading each value from the socket straight into
+  // a buffer of its own. hiredis would read it 16 KiB at a time into its buffer and copy it
+  // again into the reply: for image-sized values those two copies cost more than the rest of
+  // the read path. Error and nil replies are returned; I/O failures and replies that are not
+  // bulk strings throw ConnectionError (the connection is then broken()). Needs no commands
+  // pending from append().
+  std::vector<ValueReply> get_values(std::span<const std::string> keys, size_t window);
+
   size_t pending() const { return pending_; }
 
   bool broken() const { return broken_; }
@@ -78,6 +97,7 @@ class Connection {
 
  private:
   [[noreturn]] void fail(std::string_view what);
+  [[noreturn]] void fail_io(std::string_view what, int error);
   void handshake();
   RedisEndpoint endpoint_;
   redisContext* ctx_ = nullptr;

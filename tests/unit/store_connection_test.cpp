@@ -150,6 +150,72 @@ TEST_F(ConnectionTest, OutOfRangeDatabaseIsAReplyError) {
   }
 }
 
+std::string value_text(const ValueReply& reply) {
+  return std::string(reply.bytes.get(), reply.size);
+}
+
+// get_values reads values straight from the socket: every reply kind, values that contain
+// CRLFs and RESP-looking bytes, sizes from empty to many MiB, and more keys than the window.
+TEST_F(ConnectionTest, GetValuesReadsEveryKindOfReply) {
+  Connection conn(redis_->endpoint());
+  std::string big(5 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 2654435761u >> 11);
+  const std::string tricky("$5\r\nhello\r\n-ERR\r\n\0\r", 20);
+  conn.command({"SET", "big", big}).expect_ok("SET big");
+  conn.command({"SET", "tricky", tricky}).expect_ok("SET tricky");
+  conn.command({"SET", "empty", std::string_view{}}).expect_ok("SET empty");
+  conn.command({"RPUSH", "list", "x"});
+  for (int i = 0; i < 40; ++i) {
+    conn.command({"SET", "k" + std::to_string(i), std::string(1000 + i * 97, char('a' + i % 26))});
+  }
+  std::vector<std::string> keys = {"big", "tricky", "missing", "empty", "list", "big"};
+  for (int i = 0; i < 40; ++i) keys.push_back("k" + std::to_string(i));
+
+  for (const size_t window : {size_t{1}, size_t{3}, size_t{100}}) {
+    const std::vector<ValueReply> replies = conn.get_values(keys, window);
+    ASSERT_EQ(replies.size(), keys.size());
+    EXPECT_EQ(replies[0].kind, ValueReply::Kind::kValue);
+    EXPECT_TRUE(value_text(replies[0]) == big);
+    EXPECT_EQ(value_text(replies[1]), tricky);
+    EXPECT_EQ(replies[2].kind, ValueReply::Kind::kNil);
+    EXPECT_EQ(replies[3].kind, ValueReply::Kind::kValue);
+    EXPECT_EQ(replies[3].size, 0u);
+    EXPECT_EQ(replies[4].kind, ValueReply::Kind::kError);
+    EXPECT_THAT(replies[4].error, HasSubstr("WRONGTYPE"));
+    EXPECT_TRUE(value_text(replies[5]) == big);
+    for (int i = 0; i < 40; ++i) {
+      EXPECT_EQ(value_text(replies[6 + i]), std::string(1000 + i * 97, char('a' + i % 26)));
+    }
+  }
+  // hiredis's side of the connection is still in step.
+  EXPECT_EQ(conn.command({"PING"}).str(), "PONG");
+  EXPECT_EQ(conn.command({"GET", "tricky"}).str(), tricky);
+  EXPECT_FALSE(conn.broken());
+}
+
+TEST_F(ConnectionTest, GetValuesRefusesAConnectionWithRepliesPending) {
+  Connection conn(redis_->endpoint());
+  conn.append({"PING"});
+  const std::vector<std::string> keys = {"a"};
+  EXPECT_THROW(conn.get_values(keys, 1), std::logic_error);
+  EXPECT_EQ(conn.read_reply().str(), "PONG");
+}
+
+TEST_F(ConnectionTest, GetValuesFromAServerThatWentAwayThrowsAndBreaks) {
+  TestRedisServer own;
+  Connection conn(own.endpoint());
+  conn.command({"SET", "a", "1"}).expect_ok("SET");
+  own.stop();
+  const std::vector<std::string> keys = {"a"};
+  try {
+    conn.get_values(keys, 1);
+    FAIL() << "GET from a stopped server should fail";
+  } catch (const ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(own.endpoint().describe()));
+  }
+  EXPECT_TRUE(conn.broken());
+}
+
 TEST_F(ConnectionTest, ServerGoingAwayBreaksTheConnection) {
   TestRedisServer own;
   Connection conn(own.endpoint());
