@@ -199,24 +199,23 @@ void pack_batch(const BatchLayout& layout, std::span<const TransformPlan> plans,
   }
 }
 
-std::vector<IndexRange> split_batch(std::span<const std::uint64_t> upload_bytes_per_image,
-                                    std::uint64_t max_upload_bytes, std::size_t max_images) {
+std::vector<IndexRange> split_batch(std::span<const std::uint64_t> bytes_per_image,
+                                    std::uint64_t max_bytes, std::size_t max_images) {
   if (max_images == 0) throw std::invalid_argument("split_batch: max_images must be at least 1");
   std::vector<IndexRange> chunks;
   std::size_t begin = 0;
   std::uint64_t bytes = 0;
-  for (std::size_t i = 0; i < upload_bytes_per_image.size(); ++i) {
-    const bool full = i - begin == max_images ||
-                      (i > begin && bytes + upload_bytes_per_image[i] > max_upload_bytes);
+  for (std::size_t i = 0; i < bytes_per_image.size(); ++i) {
+    const bool full =
+        i - begin == max_images || (i > begin && bytes + bytes_per_image[i] > max_bytes);
     if (full) {
       chunks.push_back({begin, i});
       begin = i;
       bytes = 0;
     }
-    bytes += upload_bytes_per_image[i];
+    bytes += bytes_per_image[i];
   }
-  if (begin < upload_bytes_per_image.size())
-    chunks.push_back({begin, upload_bytes_per_image.size()});
+  if (begin < bytes_per_image.size()) chunks.push_back({begin, bytes_per_image.size()});
   return chunks;
 }
 

@@ -50,13 +50,14 @@ void pack_batch(const BatchLayout& layout, std::span<const TransformPlan> plans,
 std::uint64_t image_upload_bytes(const TransformPlan& plan);
 
 // Consecutive [begin, end) index ranges covering all images, each at most max_images long and,
-// unless a single image alone is larger, at most max_upload_bytes of image_upload_bytes.
+// unless a single image alone is larger, at most max_bytes of bytes_per_image (what a launch
+// keeps in pinned and device memory: upload plus output).
 struct IndexRange {
   std::size_t begin = 0;
   std::size_t end = 0;
   bool operator==(const IndexRange&) const = default;
 };
-std::vector<IndexRange> split_batch(std::span<const std::uint64_t> upload_bytes_per_image,
-                                    std::uint64_t max_upload_bytes, std::size_t max_images);
+std::vector<IndexRange> split_batch(std::span<const std::uint64_t> bytes_per_image,
+                                    std::uint64_t max_bytes, std::size_t max_images);
 
 }  // namespace dsfs::view::cuda_detail
