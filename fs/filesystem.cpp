@@ -16,6 +16,7 @@
 #include <optional>
 #include <string_view>
 
+#include "cuda/view_service.h"
 #include "fs/virtual_files.h"
 #include "src/store/errors.h"
 
@@ -133,6 +134,7 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
       fetcher_(pool_, catalog::KeySchema(options_.ns),
                prefetch::FetcherOptions{.timeout = options_.timeout}),
       reader_(cache_, fetcher_, options_.verify),
+      views_(reader_, options_.view_cache_bytes),
       mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
       owner_uid_(getuid()),
       owner_gid_(getgid()) {
@@ -142,7 +144,8 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
   for (uint32_t i = 0; i < datasets_.size(); ++i) {
     datasets_[i].index = i;
     if (!datasets_[i].catalog) throw std::invalid_argument("dataset snapshot without a catalogue");
-    if (datasets_[i].name() == kMetaDirName || datasets_[i].name() == kControlDirName) {
+    if (datasets_[i].name() == kMetaDirName || datasets_[i].name() == kControlDirName ||
+        datasets_[i].name() == kViewsDirName) {
       throw std::invalid_argument(
           fmt::format("a dataset named '{}' would hide the mount's own {} directory",
                       datasets_[i].name(), datasets_[i].name()));
@@ -152,9 +155,20 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
     }
     meta_.push_back(std::make_unique<MetaContents>());
   }
+  if (datasets_.size() > kMaxViewDatasets) {
+    spdlog::warn("only the first {} of {} datasets appear under {}", kMaxViewDatasets,
+                 datasets_.size(), kViewsDirName);
+  }
 }
 
 Filesystem::~Filesystem() = default;
+
+void Filesystem::start_views() {
+  auto service = std::make_unique<view::ViewService>(view::make_backend(options_.view_backend));
+  spdlog::info("view backend: {}{}; view cache {} MiB", service->backend_name(),
+               service->batched() ? " (batched)" : "", options_.view_cache_bytes >> 20);
+  views_.start(std::move(service));
+}
 
 const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
   const auto slot = static_cast<size_t>(file);
@@ -212,6 +226,7 @@ std::string Filesystem::stats_json() const {
       .fetcher = fetcher_.stats(),
       .cache = cache_.stats(),
       .redis_connects = pool_.connects(),
+      .views = views_.stats(),
       .datasets = datasets_,
       .started = started_,
       .redis_endpoint = pool_.endpoint().describe(),
@@ -232,6 +247,8 @@ struct Handlers {
     fs.counters_.count(op);
     try {
       body(fs);
+    } catch (const ViewRenderError&) {
+      fuse_reply_err(req, EIO);  // already logged and counted, once per file
     } catch (const prefetch::IntegrityError&) {
       fs.counters_.count(ErrorKind::kIntegrity);  // already logged with the key
       fuse_reply_err(req, EIO);
@@ -263,11 +280,57 @@ struct Handlers {
     return &d;
   }
 
+  // What a .views/SPEC/NAME/... inode names, if it exists: a directory, or an image file.
+  struct ViewTarget {
+    const ViewRegistry::Slot* slot = nullptr;
+    const prefetch::DatasetSnapshot* dataset = nullptr;
+    const catalog::CatalogEntry* entry = nullptr;
+    explicit operator bool() const { return entry != nullptr; }
+  };
+  static ViewTarget view_target(Filesystem& fs, const InodeRef& ref) {
+    if (ref.kind != InodeRef::Kind::kViewEntry) return {};
+    const ViewRegistry::Slot* slot = fs.views_.registry().slot(ref.view_slot);
+    if (!slot || ref.dataset >= fs.datasets_.size()) return {};
+    const prefetch::DatasetSnapshot& d = fs.datasets_[ref.dataset];
+    if (ref.entry >= d.catalog->entry_count()) return {};
+    const catalog::CatalogEntry& e = d.catalog->entry(ref.entry);
+    if (!e.is_dir && !is_image_name(d.catalog->name(ref.entry))) return {};
+    return ViewTarget{slot, &d, &e};
+  }
+
+  // The name and inode under which child `index` of a .views directory is listed; nullopt for a
+  // file that is not an image, and for an image whose .npy name a sibling directory already has
+  // (lookup finds the directory).
+  static std::optional<std::pair<std::string, uint64_t>> view_child(const InodeRef& dir,
+                                                                    const ViewTarget& target,
+                                                                    uint32_t index) {
+    const catalog::Catalog& catalog = *target.dataset->catalog;
+    const std::string_view name = catalog.name(index);
+    if (catalog.entry(index).is_dir) {
+      return std::pair{std::string(name), view_entry_inode(dir.view_slot, dir.dataset, index)};
+    }
+    if (!is_image_name(name)) return std::nullopt;
+    std::string view_name = view_file_name(name);
+    if (const auto same = catalog.lookup(dir.entry, view_name);
+        same && catalog.entry(*same).is_dir) {
+      return std::nullopt;
+    }
+    return std::pair{std::move(view_name),
+                     view_entry_inode(target.slot->canonical, dir.dataset, index)};
+  }
+
   static void stat_entry(Filesystem& fs, const prefetch::DatasetSnapshot& d, uint32_t index,
                          struct stat& st) {
+    stat_catalog_entry(fs, d, index, entry_inode(d.index, index), std::nullopt, st);
+  }
+
+  // Attributes of catalogue entry `index` shown as inode `ino`: the entry's own, or for a view
+  // file the size of its .npy (`view_size`).
+  static void stat_catalog_entry(Filesystem& fs, const prefetch::DatasetSnapshot& d, uint32_t index,
+                                 uint64_t ino, std::optional<uint64_t> view_size, struct stat& st) {
     const catalog::Catalog& catalog = *d.catalog;
     const catalog::CatalogEntry& e = catalog.entry(index);
-    st.st_ino = entry_inode(d.index, index);
+    st.st_ino = ino;
     st.st_uid = fs.owner_uid_;
     st.st_gid = fs.owner_gid_;
     st.st_blksize = kPreferredIoSize;
@@ -282,10 +345,11 @@ struct Handlers {
       st.st_size = kDirectorySize;
       st.st_blocks = kDirectorySize / 512;
     } else {
+      const uint64_t size = view_size.value_or(e.size);
       st.st_mode = S_IFREG | file_permissions(e.mode);
       st.st_nlink = 1;
-      st.st_size = static_cast<off_t>(e.size);
-      st.st_blocks = static_cast<blkcnt_t>((e.size + 511) / 512);
+      st.st_size = static_cast<off_t>(size);
+      st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
     }
   }
 
@@ -312,9 +376,27 @@ struct Handlers {
       case InodeRef::Kind::kInvalid:
         return false;
       case InodeRef::Kind::kRoot:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + 2 + dataset_count, kDirectorySize,
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + 3 + dataset_count, kDirectorySize,
                      fs.mounted_unix_, st);
         return true;
+      case InodeRef::Kind::kViewsDir:
+        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + fs.views_.registry().preset_count(),
+                     kDirectorySize, fs.mounted_unix_, st);
+        return true;
+      case InodeRef::Kind::kViewSpec:
+        if (!fs.views_.registry().slot(ref.view_slot)) return false;
+        stat_virtual(fs, ino, S_IFDIR | 0555,
+                     2 + std::min<nlink_t>(dataset_count, kMaxViewDatasets), kDirectorySize,
+                     fs.mounted_unix_, st);
+        return true;
+      case InodeRef::Kind::kViewEntry: {
+        const ViewTarget target = view_target(fs, ref);
+        if (!target) return false;
+        stat_catalog_entry(
+            fs, *target.dataset, ref.entry, ino,
+            target.entry->is_dir ? std::nullopt : std::optional(target.slot->file_size), st);
+        return true;
+      }
       case InodeRef::Kind::kMetaDir:
         stat_virtual(fs, ino, S_IFDIR | 0555, 2 + dataset_count, kDirectorySize, fs.mounted_unix_,
                      st);
@@ -359,7 +441,14 @@ struct Handlers {
       case InodeRef::Kind::kRoot:
       case InodeRef::Kind::kMetaDir:
       case InodeRef::Kind::kControlDir:
+      case InodeRef::Kind::kViewsDir:
         return true;
+      case InodeRef::Kind::kViewSpec:
+        return fs.views_.registry().slot(ref.view_slot) != nullptr;
+      case InodeRef::Kind::kViewEntry: {
+        const ViewTarget target = view_target(fs, ref);
+        return target && target.entry->is_dir;
+      }
       case InodeRef::Kind::kMeta:
         return ref.meta == MetaFile::kDirectory;
       case InodeRef::Kind::kEntry: {
@@ -378,6 +467,7 @@ struct Handlers {
       case InodeRef::Kind::kRoot: {
         if (name == kMetaDirName) return kMetaDirInode;
         if (name == kControlDirName) return kControlDirInode;
+        if (name == kViewsDirName) return kViewsDirInode;
         const auto it = fs.dataset_by_name_.find(std::string(name));
         return it == fs.dataset_by_name_.end() ? 0 : entry_inode(it->second, catalog::kRootIndex);
       }
@@ -397,6 +487,37 @@ struct Handlers {
         if (!d || !d->catalog->entry(ref.entry).is_dir) return 0;
         const std::optional<uint32_t> child = d->catalog->lookup(ref.entry, name);
         return child ? entry_inode(ref.dataset, *child) : 0;
+      }
+      case InodeRef::Kind::kViewsDir: {
+        // Any valid SPEC can be entered; an invalid one is ENOENT with the reason in the log
+        // (the kernel caches the miss, so it is logged about once per name).
+        const ViewRegistry::Found found = fs.views_.registry().find_or_add(name);
+        if (!found.slot) {
+          spdlog::warn("{}/{}: {} (ENOENT)", kViewsDirName, name, found.error);
+          return 0;
+        }
+        return view_spec_inode(*found.slot);
+      }
+      case InodeRef::Kind::kViewSpec: {
+        if (!fs.views_.registry().slot(ref.view_slot)) return 0;
+        const auto it = fs.dataset_by_name_.find(std::string(name));
+        if (it == fs.dataset_by_name_.end() || it->second >= kMaxViewDatasets) return 0;
+        return view_entry_inode(ref.view_slot, it->second, catalog::kRootIndex);
+      }
+      case InodeRef::Kind::kViewEntry: {
+        const ViewTarget target = view_target(fs, ref);
+        if (!target || !target.entry->is_dir) return 0;
+        const catalog::Catalog& catalog = *target.dataset->catalog;
+        // A directory keeps its name; an image x.jpg is x.jpg.npy.
+        if (const auto child = catalog.lookup(ref.entry, name);
+            child && catalog.entry(*child).is_dir) {
+          return view_entry_inode(ref.view_slot, ref.dataset, *child);
+        }
+        const std::optional<std::string_view> source = view_source_name(name);
+        if (!source) return 0;
+        const auto child = catalog.lookup(ref.entry, *source);
+        if (!child || catalog.entry(*child).is_dir) return 0;
+        return view_entry_inode(target.slot->canonical, ref.dataset, *child);
       }
       default:
         return 0;
@@ -483,6 +604,12 @@ struct Handlers {
           if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
           break;
         }
+        case InodeRef::Kind::kViewEntry: {
+          const ViewTarget target = view_target(fs, ref);
+          if (!target) return fail(fs, req, ENOENT);
+          if (target.entry->is_dir) return fail(fs, req, EISDIR);
+          break;
+        }
         case InodeRef::Kind::kInvalid:
           return fail(fs, req, ENOENT);
         default:
@@ -517,6 +644,8 @@ struct Handlers {
             return fail(fs, req, EISDIR);
           }
           return reply_text(fs.meta_content(ref.dataset, ref.meta));
+        case InodeRef::Kind::kViewEntry:
+          return read_view(fs, req, ref, size, static_cast<uint64_t>(off));
         case InodeRef::Kind::kEntry:
           break;
         default:
@@ -546,6 +675,26 @@ struct Handlers {
     });
   }
 
+  // A READ of a .views file: the header straight from the spec; anything past it from the
+  // rendered file (rendered on the first such READ, then cached for the others).
+  static void read_view(Filesystem& fs, fuse_req_t req, const InodeRef& ref, size_t size,
+                        uint64_t off) {
+    const ViewTarget target = view_target(fs, ref);
+    if (!target) return fail(fs, req, ENOENT);
+    if (target.entry->is_dir) return fail(fs, req, EISDIR);
+    const ViewRegistry::Slot& slot = *target.slot;
+    if (off >= slot.file_size || size == 0) return (void)fuse_reply_buf(req, nullptr, 0);
+    const size_t length = static_cast<size_t>(std::min<uint64_t>(size, slot.file_size - off));
+    if (off + length <= slot.header.size()) {
+      fs.views_.count_read(length, /*header_only=*/true);
+      return (void)fuse_reply_buf(req, slot.header.data() + off, length);
+    }
+    const prefetch::ObjectBuffer file =
+        fs.views_.rendered(*target.dataset, ref.entry, slot.canonical);
+    fs.views_.count_read(length, /*header_only=*/false);
+    fuse_reply_buf(req, file->bytes().data() + off, length);
+  }
+
   // Inodes are computed, not stored; only stats.json snapshots have lookups to count.
   static void forget_one(Filesystem& fs, uint64_t ino, uint64_t lookups) {
     fs.counters_.count(Op::kForget);
@@ -570,7 +719,9 @@ struct Handlers {
       const InodeRef ref = decode_inode(ino);
       if (ref.kind == InodeRef::Kind::kInvalid ||
           ((ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kMeta) &&
-           !dataset_of(fs, ref))) {
+           !dataset_of(fs, ref)) ||
+          (ref.kind == InodeRef::Kind::kViewSpec && !fs.views_.registry().slot(ref.view_slot)) ||
+          (ref.kind == InodeRef::Kind::kViewEntry && !view_target(fs, ref))) {
         return fail(fs, req, ENOENT);
       }
       if (!is_directory(ref, fs)) return fail(fs, req, ENOTDIR);
@@ -588,11 +739,13 @@ struct Handlers {
     uint64_t parent = kRootInode;
     std::vector<std::pair<std::string, uint64_t>> fixed;  // children of the virtual directories
     const auto is_dir_inode = [&](uint64_t child) { return is_directory(decode_inode(child), fs); };
-    const prefetch::DatasetSnapshot* d = nullptr;
+    const prefetch::DatasetSnapshot* d = nullptr;  // a catalogue directory (in a view or not)
+    ViewTarget view;                               // set for a directory under .views/SPEC/NAME
     switch (ref.kind) {
       case InodeRef::Kind::kRoot:
         fixed.emplace_back(kControlDirName, kControlDirInode);
         fixed.emplace_back(kMetaDirName, kMetaDirInode);
+        fixed.emplace_back(kViewsDirName, kViewsDirInode);
         for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
           fixed.emplace_back(ds.name(), entry_inode(ds.index, catalog::kRootIndex));
         }
@@ -622,12 +775,40 @@ struct Handlers {
         parent = ref.entry == catalog::kRootIndex ? kRootInode : entry_inode(ref.dataset, e.parent);
         break;
       }
+      case InodeRef::Kind::kViewsDir: {
+        // The presets; any other valid SPEC is entered by name.
+        const ViewRegistry& registry = fs.views_.registry();
+        for (uint32_t slot = 0; slot < registry.preset_count(); ++slot) {
+          fixed.emplace_back(registry.slot(slot)->name, view_spec_inode(slot));
+        }
+        break;
+      }
+      case InodeRef::Kind::kViewSpec:
+        if (!fs.views_.registry().slot(ref.view_slot)) return fail(fs, req, ENOENT);
+        parent = kViewsDirInode;
+        for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
+          if (ds.index >= kMaxViewDatasets) break;
+          fixed.emplace_back(ds.name(),
+                             view_entry_inode(ref.view_slot, ds.index, catalog::kRootIndex));
+        }
+        break;
+      case InodeRef::Kind::kViewEntry: {
+        view = view_target(fs, ref);
+        if (!view) return fail(fs, req, ENOENT);
+        if (!view.entry->is_dir) return fail(fs, req, ENOTDIR);
+        d = view.dataset;
+        parent = ref.entry == catalog::kRootIndex
+                     ? view_spec_inode(ref.view_slot)
+                     : view_entry_inode(ref.view_slot, ref.dataset, view.entry->parent);
+        break;
+      }
       default:
         return fail(fs, req, ENOENT);
     }
 
     const uint64_t child_count =
         d ? d->catalog->entry(ref.entry).child_count : static_cast<uint64_t>(fixed.size());
+    std::string view_name;  // storage for a listed .npy name
     for (uint64_t position = static_cast<uint64_t>(off); position < 2 + child_count; ++position) {
       std::string_view name;
       uint64_t child_ino = 0;
@@ -637,6 +818,14 @@ struct Handlers {
       } else if (position == 1) {
         name = "..";
         child_ino = parent;
+      } else if (view) {
+        const uint32_t index =
+            d->catalog->entry(ref.entry).first_child + static_cast<uint32_t>(position - 2);
+        auto child = view_child(ref, view, index);
+        if (!child) continue;  // not an image: not in the view
+        view_name = std::move(child->first);
+        name = view_name;
+        child_ino = child->second;
       } else if (d) {
         const uint32_t index =
             d->catalog->entry(ref.entry).first_child + static_cast<uint32_t>(position - 2);
@@ -717,12 +906,18 @@ struct Handlers {
     return std::nullopt;
   }
 
+  // The dataset of an entry or view entry (a view file carries its image's label and metadata).
+  static const prefetch::DatasetSnapshot* xattr_dataset(Filesystem& fs, const InodeRef& ref) {
+    if (ref.kind == InodeRef::Kind::kViewEntry) return view_target(fs, ref).dataset;
+    return dataset_of(fs, ref);
+  }
+
   static void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     guarded(req, Op::kGetxattr, [&](Filesystem& fs) {
       const InodeRef ref = decode_inode(ino);
       std::optional<std::string> value;
-      if (ref.kind == InodeRef::Kind::kEntry) {
-        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+      if (ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kViewEntry) {
+        const prefetch::DatasetSnapshot* d = xattr_dataset(fs, ref);
         if (!d) return fail(fs, req, ENOENT);
         value = xattr_value(*d, ref.entry, name);
       }
@@ -736,8 +931,8 @@ struct Handlers {
     guarded(req, Op::kListxattr, [&](Filesystem& fs) {
       const InodeRef ref = decode_inode(ino);
       std::string names;  // each name NUL-terminated
-      if (ref.kind == InodeRef::Kind::kEntry) {
-        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
+      if (ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kViewEntry) {
+        const prefetch::DatasetSnapshot* d = xattr_dataset(fs, ref);
         if (!d) return fail(fs, req, ENOENT);
         for (const std::string_view name : {kLabelXattr, kClassXattr, kMetaXattr}) {
           if (const auto value = xattr_value(*d, ref.entry, name);

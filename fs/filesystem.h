@@ -10,8 +10,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/backend.h"
 #include "fs/inodes.h"
 #include "fs/stats.h"
+#include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/file_reader.h"
 #include "prefetch/object_cache.h"
@@ -23,6 +25,8 @@ struct fuse_lowlevel_ops;
 namespace dsfs::fs {
 
 inline constexpr uint64_t kDefaultConnections = 8;
+// Rendered view files kept for readers still reading them (the page cache keeps them after).
+inline constexpr uint64_t kDefaultViewCacheBytes = uint64_t{256} << 20;
 
 // A cache that fits comfortably: 1 GiB, or an eighth of physical memory when that is less
 // (but at least 64 MiB).
@@ -34,6 +38,8 @@ struct FilesystemOptions {
   std::chrono::milliseconds timeout{30000};  // a read's retry budget while Redis is away
   bool verify = false;                       // check every file's checksum on fetch
   size_t connections = kDefaultConnections;
+  view::BackendKind view_backend = view::BackendKind::kAuto;  // renders MOUNT/.views files
+  uint64_t view_cache_bytes = kDefaultViewCacheBytes;
 };
 
 class Filesystem {
@@ -52,11 +58,17 @@ class Filesystem {
   // The session's max_read mount option; libfuse insists that init() repeats it.
   void set_max_read(uint32_t bytes) { max_read_ = bytes; }
 
+  // Makes the view backend (options().view_backend) and starts rendering MOUNT/.views files.
+  // Call once before serving, after any fork: CUDA state does not survive one. Throws (naming
+  // the reason) when the backend asked for cannot be used, e.g. cuda without a GPU.
+  void start_views();
+
   const std::vector<prefetch::DatasetSnapshot>& datasets() const { return datasets_; }
   const FilesystemOptions& options() const { return options_; }
   std::string stats_json() const;
   const FsCounters& counters() const { return counters_; }
   const prefetch::ObjectCache& cache() const { return cache_; }
+  const ViewFiles& views() const { return views_; }
 
  private:
   friend struct Handlers;
@@ -85,6 +97,7 @@ class Filesystem {
   prefetch::ObjectCache cache_;
   prefetch::ObjectFetcher fetcher_;
   prefetch::FileReader reader_;
+  ViewFiles views_;
   FsCounters counters_;
   struct CountedSnapshot {
     StatsSnapshot text;

@@ -31,6 +31,20 @@ InodeRef decode_inode(uint64_t ino) {
   if (ino == kMetaDirInode) return {.kind = Kind::kMetaDir};
   if (ino == kControlDirInode) return {.kind = Kind::kControlDir};
   if (ino == kStatsInode) return {.kind = Kind::kStats};
+  if (ino == kViewsDirInode) return {.kind = Kind::kViewsDir};
+  if (ino & kViewInodeFlag) {
+    const auto slot = static_cast<uint32_t>((ino >> 48) & ((uint64_t{1} << kViewSlotBits) - 1));
+    const auto dataset_plus_one = static_cast<uint32_t>((ino >> 32) & 0xffffu);
+    const auto entry = static_cast<uint32_t>(ino & 0xffffffffu);
+    if (slot >= kMaxViewSlots) return {};
+    if (dataset_plus_one == 0) {
+      return entry == 0 ? InodeRef{.kind = Kind::kViewSpec, .view_slot = slot} : InodeRef{};
+    }
+    return {.kind = Kind::kViewEntry,
+            .dataset = dataset_plus_one - 1,
+            .entry = entry,
+            .view_slot = slot};
+  }
   if (ino > kStatsSnapshotBase && ino < 2 * kStatsSnapshotBase)
     return {.kind = Kind::kStatsSnapshot};
   if (ino >= 16 && ino < (uint64_t{1} << 32)) {

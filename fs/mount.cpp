@@ -317,7 +317,7 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
 
   std::vector<prefetch::DatasetSnapshot> datasets;
   for (const std::string& name : wanted) {
-    if (name == kMetaDirName || name == kControlDirName) {
+    if (name == kMetaDirName || name == kControlDirName || name == kViewsDirName) {
       const std::string message = fmt::format(
           "dataset '{}' cannot be mounted: its name is taken by the mount's own {} directory; "
           "re-ingest it under another name",
@@ -438,8 +438,9 @@ void set_readahead(dev_t device, uint64_t bytes) {
 Mount::Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
              MountOptions options)
     : filesystem_(std::make_unique<Filesystem>(std::move(endpoint), std::move(datasets),
-                                               std::move(options.filesystem))),
-      session_(std::make_unique<Session>(*filesystem_, std::move(options.session))) {
+                                               std::move(options.filesystem))) {
+  filesystem_->start_views();
+  session_ = std::make_unique<Session>(*filesystem_, std::move(options.session));
   loop_ = std::async(std::launch::async, [session = session_.get()] { return session->run(); });
 }
 

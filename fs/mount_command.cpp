@@ -53,6 +53,8 @@ struct MountArgs {
   unsigned threads = kDefaultThreads;
   unsigned connections = kDefaultConnections;
   uint64_t readahead_bytes = kDefaultReadahead;
+  std::string view_backend = "auto";
+  uint64_t view_cache_bytes = kDefaultViewCacheBytes;
   std::string log_file;
 };
 
@@ -83,9 +85,19 @@ void log_to_file(const std::filesystem::path& path, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
+// The daemon's report on the pipe from daemonize_when_ready: 'R' (serving), or 'F' and why not.
+void report_failure(int ready_fd, std::string_view why) {
+  // One write below PIPE_BUF arrives whole, so the parent reads it in one go.
+  const std::string message = fmt::format("F{}", why.substr(0, 4000));
+  if (::write(ready_fd, message.data(), message.size()) < 0) {
+    spdlog::debug("the mount command has gone");
+  }
+}
+
 // Forks. The parent waits until the child reports the mount serving (exit 0) or failing (exit
-// 1) and never returns; the child detaches from the terminal and gets the descriptor to report
-// on. Unlike fuse_daemonize(), the caller's exit status says whether the mount really works.
+// 1, printing the reason the child sent) and never returns; the child detaches from the
+// terminal and gets the descriptor to report on. Unlike fuse_daemonize(), the caller's exit
+// status says whether the mount really works.
 int daemonize_when_ready(const std::filesystem::path& mountpoint,
                          const std::filesystem::path& log_file, size_t dataset_count) {
   int fds[2];
@@ -102,14 +114,26 @@ int daemonize_when_ready(const std::filesystem::path& mountpoint,
     do {
       polled = ::poll(&wait_for, 1, static_cast<int>(kReadyWait.count()));
     } while (polled < 0 && errno == EINTR);
-    char status = 0;
-    if (polled > 0 && ::read(fds[0], &status, 1) == 1 && status == 'R') {
+    char report[4096] = {};
+    ssize_t got = 0;
+    if (polled > 0) {
+      do {
+        got = ::read(fds[0], report, sizeof report);
+      } while (got < 0 && errno == EINTR);
+    }
+    if (got > 0 && report[0] == 'R') {
       fmt::print(stderr,
                  "dsfs: mounted {} dataset(s) on {}; log: {}; unmount with `dsfs umount {}`\n",
                  dataset_count, mountpoint.string(), log_file.string(), mountpoint.string());
       ::_exit(0);  // no destructors: the mount now belongs to the child
     }
     if (polled == 0) ::kill(child, SIGTERM);
+    if (got > 1 && report[0] == 'F') {
+      fmt::print(stderr, "dsfs: error: {}; the mount daemon for {} exited (its log is {})\n",
+                 std::string_view(report + 1, static_cast<size_t>(got - 1)), mountpoint.string(),
+                 log_file.string());
+      ::_exit(1);
+    }
     fmt::print(stderr, "dsfs: error: the mount daemon for {} {}; its log is {}\n",
                mountpoint.string(), polled == 0 ? "did not become ready" : "failed",
                log_file.string());
@@ -163,6 +187,8 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   fs_options.verify = args.verify;
   fs_options.connections = args.connections;
+  fs_options.view_backend = view::parse_backend_kind(args.view_backend);
+  fs_options.view_cache_bytes = args.view_cache_bytes;
   const size_t dataset_count = datasets.size();
   Filesystem filesystem(endpoint, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
@@ -178,6 +204,14 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     ready_fd = daemonize_when_ready(mountpoint, log_file, dataset_count);
     lock.record_pid();
   }
+  // After the fork: CUDA state does not survive one.
+  try {
+    filesystem.start_views();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    if (ready_fd >= 0) report_failure(ready_fd, e.what());
+    throw cli::ExitCode{1};
+  }
   leases.start_refreshing();  // after the fork: the thread must run in the daemon
   session.install_signal_handlers();
   // Reports readiness once a real request has been answered: stat() of the mount's root only
@@ -188,8 +222,12 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     const bool serving = ::stat(mountpoint.c_str(), &st) == 0 && st.st_ino == kRootInode;
     if (serving && readahead != 0) set_readahead(st.st_dev, readahead);
     if (ready_fd < 0) return;
-    const char status = serving ? 'R' : 'F';
-    if (::write(ready_fd, &status, 1) != 1) spdlog::debug("the mount command has gone");
+    if (serving) {
+      if (::write(ready_fd, "R", 1) != 1) spdlog::debug("the mount command has gone");
+    } else {
+      report_failure(ready_fd,
+                     fmt::format("{} did not answer a stat() of its root", mountpoint.string()));
+    }
     ::close(ready_fd);
   });
   int result = 0;
@@ -293,7 +331,10 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   CLI::App* mount = app.add_subcommand(
       "mount",
       "Mount published datasets as a read-only filesystem: MOUNTPOINT/NAME/... for each dataset, "
-      "MOUNTPOINT/.meta/NAME/ for labels and metadata, MOUNTPOINT/.dsfs/stats.json for counters. "
+      "MOUNTPOINT/.meta/NAME/ for labels and metadata, MOUNTPOINT/.views/SPEC/NAME/... for every "
+      "image as a preprocessed .npy tensor (SPEC: a preset such as imagenet-eval, or e.g. "
+      "resize=256,crop=224,dtype=float16,layout=chw,norm=imagenet), "
+      "MOUNTPOINT/.dsfs/stats.json for counters. "
       "Returns once the mount is ready and keeps serving in the background (-f: in the "
       "foreground).");
   mount->add_option("MOUNTPOINT", mount_args->mountpoint, "An existing, empty directory")
@@ -336,6 +377,19 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       ->add_option("--readahead", mount_args->readahead_bytes,
                    "Kernel readahead for the mount, so a whole image comes in one request "
                    "(e.g. 1MiB; 0 keeps the kernel's 128 KiB; needs root, else ignored)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  mount
+      ->add_option("--view-backend", mount_args->view_backend,
+                   "What renders MOUNTPOINT/.views files: cuda (batched on the GPU; the mount "
+                   "fails when no GPU is usable), cpu, or auto (cuda when a GPU is usable, else "
+                   "cpu). Decoding always runs on CPU threads")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
+  mount
+      ->add_option("--view-cache-size", mount_args->view_cache_bytes,
+                   "Bytes of rendered .views files kept in memory while readers fetch them "
+                   "(e.g. 256MiB); the kernel's page cache keeps them afterwards")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   mount->add_option("--log-file", mount_args->log_file,

@@ -60,6 +60,54 @@ std::string_view error_kind_name(ErrorKind kind) {
   return "unknown";
 }
 
+namespace {
+
+nlohmann::ordered_json cache_json(const prefetch::CacheStats& c) {
+  return {{"capacity_bytes", c.capacity_bytes},
+          {"bytes", c.bytes},
+          {"entries", c.entries},
+          {"hits", c.hits},
+          {"misses", c.misses},
+          {"joined", c.joined},
+          {"evictions", c.evictions},
+          {"too_large", c.too_large}};
+}
+
+nlohmann::ordered_json views_json(const ViewStats& v) {
+  nlohmann::ordered_json json = {
+      {"backend", v.backend},
+      {"specs", v.specs},
+      {"rendered", v.rendered},
+      {"render_errors", v.render_errors},
+      {"header_reads", v.header_reads},
+      {"bytes_read", v.bytes_read},
+      {"render_seconds", v.render_seconds},
+      {"fetch_seconds", v.fetch_seconds},
+      {"decode_seconds", v.service.decode_seconds},
+      {"transform_seconds", v.service.transform_seconds},
+      {"transform_errors", v.service.transform_errors},
+      {"batches", v.service.batches},
+      {"batched_images", v.service.batched_images},
+      {"cache", cache_json(v.cache)},
+  };
+  if (v.cuda) {
+    const view::CudaStageTimes& t = v.cuda->times;
+    json["cuda"] = {{"device", v.cuda->device},
+                    {"launches", t.launches},
+                    {"images", t.images},
+                    {"plan_seconds", t.plan_seconds},
+                    {"wait_seconds", t.wait_seconds},
+                    {"pack_seconds", t.pack_seconds},
+                    {"upload_seconds", t.upload_seconds},
+                    {"kernel_seconds", t.kernel_seconds},
+                    {"download_seconds", t.download_seconds},
+                    {"unpack_seconds", t.unpack_seconds}};
+  }
+  return json;
+}
+
+}  // namespace
+
 std::string render_stats_json(const StatsSources& sources) {
   auto load = [](const std::atomic<uint64_t>& counter) {
     return counter.load(std::memory_order_relaxed);
@@ -79,6 +127,7 @@ std::string render_stats_json(const StatsSources& sources) {
   errors["missing_objects"] = load(f.missing);
   errors["length_mismatches"] = load(f.length_mismatches);
   errors["checksum_mismatches"] = load(f.checksum_mismatches);
+  errors["view_render"] = sources.views.render_errors;
 
   nlohmann::ordered_json datasets = nlohmann::ordered_json::object();
   for (const prefetch::DatasetSnapshot& d : sources.datasets) {
@@ -105,15 +154,8 @@ std::string render_stats_json(const StatsSources& sources) {
         {"retries", load(f.retries)},
         {"connects", sources.redis_connects}}},
       {"errors", errors},
-      {"cache",
-       {{"capacity_bytes", c.capacity_bytes},
-        {"bytes", c.bytes},
-        {"entries", c.entries},
-        {"hits", c.hits},
-        {"misses", c.misses},
-        {"joined", c.joined},
-        {"evictions", c.evictions},
-        {"too_large", c.too_large}}},
+      {"cache", cache_json(c)},
+      {"views", views_json(sources.views)},
       {"datasets", datasets},
   };
   return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

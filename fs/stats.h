@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
@@ -63,6 +64,7 @@ struct StatsSources {
   const prefetch::FetcherStats& fetcher;
   prefetch::CacheStats cache;
   uint64_t redis_connects = 0;
+  ViewStats views;
   const std::vector<prefetch::DatasetSnapshot>& datasets;
   std::chrono::steady_clock::time_point started;
   std::string_view redis_endpoint;  // already redacted

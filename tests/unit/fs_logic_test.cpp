@@ -54,7 +54,9 @@ TEST(Inodes, FixedInodesAndGaps) {
   EXPECT_EQ(decode_inode(kStatsSnapshotBase + 1).kind, InodeRef::Kind::kStatsSnapshot);
   EXPECT_EQ(decode_inode(kStatsSnapshotBase + 123456789).kind, InodeRef::Kind::kStatsSnapshot);
   EXPECT_EQ(decode_inode(kStatsSnapshotBase).kind, InodeRef::Kind::kInvalid);
-  EXPECT_EQ(decode_inode(2 * kStatsSnapshotBase).kind, InodeRef::Kind::kInvalid);
+  // The snapshot range ends where the view inodes begin (bit 63): .views/SPEC of slot 0.
+  EXPECT_EQ(decode_inode(2 * kStatsSnapshotBase).kind, InodeRef::Kind::kViewSpec);
+  EXPECT_EQ(decode_inode(kViewsDirInode).kind, InodeRef::Kind::kViewsDir);
   EXPECT_EQ(decode_inode(0).kind, InodeRef::Kind::kInvalid);
   EXPECT_EQ(decode_inode(10).kind, InodeRef::Kind::kInvalid);
   EXPECT_EQ(decode_inode(16 + 5).kind, InodeRef::Kind::kInvalid);  // slot 5 of dataset 0: unused
@@ -183,9 +185,12 @@ TEST(Filesystem, DefaultCacheSizeIsBounded) {
 TEST(Filesystem, RejectsDatasetsThatWouldHideTheVirtualDirectories) {
   prefetch::DatasetSnapshot snapshot;
   snapshot.catalog = sample_catalog();
-  snapshot.info.name = ".meta";
-  EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot}, FilesystemOptions{}),
-               std::invalid_argument);
+  for (const char* name : {".meta", ".dsfs", ".views"}) {
+    snapshot.info.name = name;
+    EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot}, FilesystemOptions{}),
+                 std::invalid_argument)
+        << name;
+  }
   snapshot.info.name = "twice";
   EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot, snapshot}, FilesystemOptions{}),
                std::invalid_argument);

@@ -203,7 +203,7 @@ TEST_F(MountTest, IsAMountPointOfTypeDsfs) {
 }
 
 TEST_F(MountTest, RootListsDatasetsAndTheVirtualDirectories) {
-  EXPECT_EQ(list_dir(mnt()), (std::set<std::string>{".dsfs", ".meta", kDataset}));
+  EXPECT_EQ(list_dir(mnt()), (std::set<std::string>{".dsfs", ".meta", ".views", kDataset}));
   EXPECT_EQ(list_dir(mnt() / ".meta"), (std::set<std::string>{kDataset}));
   EXPECT_EQ(list_dir(mnt() / ".meta" / kDataset),
             (std::set<std::string>{"info.json", "classes.txt", "labels.csv", "metadata.jsonl"}));
