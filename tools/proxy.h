@@ -54,8 +54,8 @@ struct ProxyOptions {
   SocketAddress upstream;
   // Round-trip time added: half on the way to the upstream, half on the way back.
   std::chrono::nanoseconds rtt{0};
-  // Each direction's delay varies uniformly within rtt/2 ± jitter/2, so a round trip stays
-  // within rtt ± jitter; never reorders bytes. At most rtt.
+  // Each direction's delay varies uniformly within rtt/2 +/- jitter/2, so a round trip stays
+  // within rtt +/- jitter; never reorders bytes. At most rtt.
   std::chrono::nanoseconds jitter{0};
   // Each direction is one link of this rate shared by all connections (as netem on an
   // interface): bytes are serialized onto it in arrival order, without burst. 0: unlimited.
@@ -74,7 +74,7 @@ struct ProxyOptions {
 void validate_proxy_options(const ProxyOptions& options);
 
 // One direction of the emulated path, shared by every connection (one network interface): a
-// link of the configured rate, then the propagation delay of rtt/2 ± jitter/2. Pure arithmetic
+// link of the configured rate, then the propagation delay of rtt/2 +/- jitter/2. Pure arithmetic
 // on times given to it, so it is unit-tested with made-up clocks.
 class EmulatedLink {
  public:

@@ -26,7 +26,7 @@ std::atomic<LatencyProxy*> g_signalled_proxy{nullptr};
 static_assert(std::atomic<LatencyProxy*>::is_always_lock_free,
               "the signal handler needs a lock-free atomic");
 
-extern "C" void on_stop_signal(int) {
+extern "C" void on_proxy_stop_signal(int) {
   if (LatencyProxy* proxy = g_signalled_proxy.load()) proxy->stop();
 }
 
@@ -36,7 +36,7 @@ class StopSignalGuard {
   explicit StopSignalGuard(LatencyProxy& proxy) {
     g_signalled_proxy.store(&proxy);
     struct sigaction action {};
-    action.sa_handler = on_stop_signal;
+    action.sa_handler = on_proxy_stop_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     sigaction(SIGINT, &action, &previous_int_);
@@ -179,8 +179,8 @@ void register_proxy_command(CLI::App& app, cli::GlobalOptions& global) {
                   "250us), or 0")
       ->required();
   sub->add_option("--jitter", state->jitter,
-                  "Random variation: each direction's delay is uniform in rtt/2 ± jitter/2, so a "
-                  "round trip stays within rtt ± jitter; never reorders bytes. At most --rtt")
+                  "Random variation: each direction's delay is uniform in rtt/2 +/- jitter/2, so a "
+                  "round trip stays within rtt +/- jitter; never reorders bytes. At most --rtt")
       ->capture_default_str();
   sub->add_option("--rate", state->rate,
                   "Bandwidth of each direction, shared by all connections like one network "
