@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Reads one epoch of an ImageFolder tree through a PyTorch DataLoader and prints images/s.
 
-    read_epoch.py ROOT [--workers 4] [--batch-size 64] [--decode|--raw] [--epochs 1] [--json F]
+    read_epoch.py ROOT [--workers 4] [--batch-size 64] [--decode|--raw] [--epochs 1]
+                  [--limit N] [--seed S] [--json F]
 
 --decode (default) runs torchvision's ImageNet eval transform in the workers (what a training
 loader does); --raw only reads the file bytes (what storage alone delivers).
@@ -38,6 +39,9 @@ def main():
     ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=0,
+                    help="read only a random N of the images each epoch (0: all)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the shuffling sampler")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--raw", action="store_true", help="read bytes only, no decoding")
     mode.add_argument("--decode", action="store_true", help="decode + eval transform (default)")
@@ -53,7 +57,13 @@ def main():
             transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
             transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
         ds = datasets.ImageFolder(args.root, transform=tf)
-    loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+    generator = torch.Generator().manual_seed(args.seed)
+    if args.limit > 0:
+        sampler = torch.utils.data.RandomSampler(ds, num_samples=min(args.limit, len(ds)),
+                                                 generator=generator)
+    else:
+        sampler = torch.utils.data.RandomSampler(ds, generator=generator)
+    loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
                         persistent_workers=args.workers > 0)
     results = []
     for epoch in range(args.epochs):
