@@ -283,7 +283,8 @@ class ReplyReader {
     pos_ += from_staging;
     size_t got = from_staging;
     while (got < n) {
-      if (!receive(dest + got, n - got, got, error)) return false;
+      // MSG_WAITALL: one wake-up for the whole value rather than one per burst Redis writes.
+      if (!receive(dest + got, n - got, got, error, MSG_WAITALL)) return false;
     }
     return true;
   }
@@ -292,9 +293,9 @@ class ReplyReader {
 
  private:
   // One recv into [to, to + room), adding what arrived to `count`.
-  bool receive(char* to, size_t room, size_t& count, int& error) {
+  bool receive(char* to, size_t room, size_t& count, int& error, int flags = 0) {
     for (;;) {
-      const ssize_t n = ::recv(fd_, to, room, 0);
+      const ssize_t n = ::recv(fd_, to, room, flags);
       if (n > 0) {
         count += static_cast<size_t>(n);
         return true;
