@@ -603,6 +603,8 @@ def main():
     ap.add_argument("--no-fio", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
+    ap.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"),
+                    help="where NAME.json and the plots go")
     args = ap.parse_args()
     args.files = args.files or (1000 if args.quick else 20000)
     args.rtts = args.rtts or ([0, 10] if args.quick else [0, 1, 10, 50, 100])
@@ -631,7 +633,7 @@ def main():
         bench.close()
     results = bench.results
     results["elapsed_minutes"] = (time.time() - started) / 60
-    out_dir = os.path.join(REPO, "bench", "results")
+    out_dir = args.results_dir
     os.makedirs(out_dir, exist_ok=True)
     prefix = os.path.join(out_dir, args.name)
     with open(prefix + ".json", "w") as f:
