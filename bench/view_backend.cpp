@@ -239,7 +239,7 @@ std::unique_ptr<Backend> make_named_backend(const std::string& name, std::string
 #ifdef DSFS_HAVE_CUDA
   return dsfs::view::make_cuda_backend(why);
 #else
-  why = "this build has no CUDA (nvcc was not found at configure time)";
+  why = "this build has no CUDA (nvcc not found, or DSFS_CUDA=OFF, at configure time)";
   return nullptr;
 #endif
 }

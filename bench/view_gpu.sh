@@ -6,17 +6,19 @@
 #   view_cuda_test.json   gtest results (+ .log); skipped tests mean no usable GPU
 #   view_backend.json     images/s cpu vs cuda, time split (+ .log)
 #
-#   bench/view_gpu.sh            run on the GPU machine. Uses the binaries in build-gpu-bundle/
-#                                when present (see --bundle), else builds them (Release) into
-#                                $BUILD_DIR, which needs CMake, nvcc and dsfs's libraries there.
+#   bench/view_gpu.sh            run on the GPU machine. Uses the binaries packed in
+#                                build-gpu-bundle/ when present (see --bundle), else builds them
+#                                (Release) into $BUILD_DIR: that needs CMake, nvcc and dsfs's
+#                                libraries (libfuse3, hiredis, turbojpeg, ... -dev) there.
 #   bench/view_gpu.sh --bundle   run on a build machine (no GPU needed): Release build, then the
 #                                three binaries, stripped, and the shared libraries they need
-#                                beyond glibc and libstdc++ into build-gpu-bundle/ (git-ignored),
-#                                to carry to a GPU machine whose image lacks dsfs's libraries.
+#                                beyond glibc and libstdc++, as build-gpu-bundle/
+#                                view_gpu_bundle.tar.xz (about 16 MB; build-* is git-ignored): carry
+#                                build-gpu-bundle to a GPU machine whose image lacks the libraries.
 #
 # Environment: BUILD_DIR (default build-gpu), BUNDLE_DIR (default build-gpu-bundle), IMAGES
-# (default 2000), THREADS (decode threads, default all cores), BATCH (default 64), SPEC (default
-# imagenet-eval), ROUNDS (default 3).
+# (default 2000), THREADS (decode threads, default all cores), BATCH (default 32), SPEC (default
+# imagenet-eval), ROUNDS (default 5).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,9 +26,9 @@ build=${BUILD_DIR:-$repo/build-gpu}
 bundle=${BUNDLE_DIR:-$repo/build-gpu-bundle}
 images=${IMAGES:-2000}
 threads=${THREADS:-$(nproc)}
-batch=${BATCH:-64}
+batch=${BATCH:-32}
 spec=${SPEC:-imagenet-eval}
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-5}
 targets=(dsfs view_cuda_test dsfs_bench_view_backend)
 
 # Release build of the three targets; the log goes to $1, its tail to the terminal on failure.
@@ -49,33 +51,41 @@ build_release() {
 
 if [[ ${1:-} == --bundle ]]; then
   build_release "$(mktemp /tmp/view_gpu_build.XXXXXX.log)"
-  rm -rf "$bundle"
-  mkdir -p "$bundle/bin" "$bundle/libs"
+  staging=$(mktemp -d /tmp/view_gpu_bundle.XXXXXX)
+  trap 'rm -rf "$staging"' EXIT
+  mkdir -p "$staging/bin" "$staging/libs"
   cp "$build/dsfs" "$build/tests/view_cuda_test" "$build/bench/dsfs_bench_view_backend" \
-     "$bundle/bin/"
-  strip "$bundle"/bin/*
+     "$staging/bin/"
+  strip "$staging"/bin/*
   # Every library the binaries load except the C runtime, which any x86-64 Linux has (a newer
   # glibc/libstdc++ there runs binaries built against an older one).
-  ldd "$bundle"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  ldd "$staging"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
     grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so' |
-    xargs -r cp -L -t "$bundle/libs/"
-  echo "bundle ready: $(du -sh "$bundle" | cut -f1) in $bundle"
+    xargs -r cp -L -t "$staging/libs/"
+  # Compressed: uncompressed the libraries (ICU's data above all) are near the carry limit.
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  tar -C "$staging" -cJf "$bundle/view_gpu_bundle.tar.xz" bin libs
+  echo "bundle ready: $(du -h "$bundle/view_gpu_bundle.tar.xz" | cut -f1) in $bundle"
   echo "on the GPU machine (carry $(basename "$bundle")): bench/view_gpu.sh"
   exit 0
 elif [[ $# -gt 0 ]]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
 out=${OUT:-$repo/bench/results}
 mkdir -p "$out"
 
-if [[ -x $bundle/bin/dsfs_bench_view_backend ]]; then
-  echo "using the binaries in $bundle"
-  bin_dsfs=$bundle/bin/dsfs
-  bin_test=$bundle/bin/view_cuda_test
-  bin_bench=$bundle/bin/dsfs_bench_view_backend
-  export LD_LIBRARY_PATH=$bundle/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+work=$(mktemp -d /tmp/view_gpu.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+if [[ -f $bundle/view_gpu_bundle.tar.xz ]]; then
+  echo "using the binaries in $bundle/view_gpu_bundle.tar.xz"
+  tar -C "$work" -xJf "$bundle/view_gpu_bundle.tar.xz"
+  bin_dsfs=$work/bin/dsfs
+  bin_test=$work/bin/view_cuda_test
+  bin_bench=$work/bin/dsfs_bench_view_backend
+  export LD_LIBRARY_PATH=$work/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 else
   build_release "$out/view_gpu_build.log"
   bin_dsfs=$build/dsfs
@@ -86,8 +96,7 @@ fi
 { nvidia-smi || echo "nvidia-smi: not available"; } >"$out/view_gpu_device.txt" 2>&1
 head -n 12 "$out/view_gpu_device.txt"
 
-data=$(mktemp -d /tmp/view_gpu_images.XXXXXX)
-trap 'rm -rf "$data"' EXIT
+data=$work/images
 "$bin_dsfs" synth "$data" --classes 20 --per-class $(((images + 19) / 20)) --seed 7 \
   --jobs "$threads"
 

@@ -35,7 +35,7 @@ std::unique_ptr<Backend> try_cuda_backend(std::string& why) {
 #ifdef DSFS_HAVE_CUDA
   return make_cuda_backend(why);
 #else
-  why = "this build has no CUDA (nvcc was not found at configure time)";
+  why = "this build has no CUDA (nvcc not found, or DSFS_CUDA=OFF, at configure time)";
   return nullptr;
 #endif
 }
