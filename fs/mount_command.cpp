@@ -129,7 +129,7 @@ int daemonize_when_ready(const std::filesystem::path& mountpoint,
     }
     if (polled == 0) ::kill(child, SIGTERM);
     if (got > 1 && report[0] == 'F') {
-      fmt::print(stderr, "dsfs: error: {}; the mount daemon for {} exited (its log is {})\n",
+      fmt::print(stderr, "dsfs: error: {} (the mount daemon for {} gave up; its log is {})\n",
                  std::string_view(report + 1, static_cast<size_t>(got - 1)), mountpoint.string(),
                  log_file.string());
       ::_exit(1);
