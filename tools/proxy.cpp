@@ -544,7 +544,8 @@ class LatencyProxy::Engine {
   UniqueFd wake_;
   std::atomic<bool> stop_requested_{false};
   bool use_epoll_pwait2_ = true;
-  std::array<EmulatedLink, 2> links_;
+  uint64_t jitter_seed_;
+  std::array<EmulatedLink, 2> links_;  // indexed by DirectionIndex
   BlockPool pool_;
   uint64_t next_connection_id_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
@@ -558,18 +559,10 @@ class LatencyProxy::Engine {
   Time last_stats_at_ = ProxyClock::now();
 };
 
-namespace {
-
-uint64_t pick_seed(uint64_t seed) {
-  return seed != 0 ? seed : std::random_device{}();
-}
-
-}  // namespace
-
 LatencyProxy::Engine::Engine(ProxyOptions options)
     : options_((validate_proxy_options(options), std::move(options))),
-      links_{EmulatedLink(options_, pick_seed(options_.jitter_seed)),
-             EmulatedLink(options_, pick_seed(options_.jitter_seed) + 1)} {
+      jitter_seed_(options_.jitter_seed != 0 ? options_.jitter_seed : std::random_device{}()),
+      links_{EmulatedLink(options_, jitter_seed_), EmulatedLink(options_, jitter_seed_ + 1)} {
   try {
     const auto upstream = resolve(options_.upstream, false);
     upstream_ = upstream.front();

@@ -52,7 +52,9 @@ std::string format_rate(double bytes_per_second);
 struct ProxyOptions {
   SocketAddress listen;
   SocketAddress upstream;
-  // Round-trip time added: half on the way to the upstream, half on the way back.
+  // Round-trip time added: half on the way to the upstream, half on the way back. A new
+  // connection's first bytes also wait for an emulated TCP handshake: they reach the upstream
+  // no earlier than 1.5 RTT after the client connected, so its first reply takes 2 RTT.
   std::chrono::nanoseconds rtt{0};
   // Each direction's delay varies uniformly within rtt/2 +/- jitter/2, so a round trip stays
   // within rtt +/- jitter; never reorders bytes. At most rtt.

@@ -147,6 +147,9 @@ ProxyOptions make_options(const ProxyCommandState& state) {
   options.stats_interval = parse_option("--stats", state.stats, parse_duration);
   options.max_queued_bytes = state.max_queue_mib << 20;
   options.jitter_seed = state.seed;
+  if (!state.port_file.empty() && options.listen.kind == SocketAddress::Kind::kUnix) {
+    throw std::invalid_argument("--port-file: --listen is a unix socket, which has no port");
+  }
   validate_proxy_options(options);
   return options;
 }

@@ -736,6 +736,9 @@ TEST(ProxyCommand, BadArgumentsAreClearErrors) {
   EXPECT_THAT(command_error({"--listen", "127.0.0.1:0", "--upstream", "no-such-host.invalid:1",
                              "--rtt", "10ms"}),
               AllOf(HasSubstr("--upstream"), HasSubstr("no-such-host.invalid")));
+  EXPECT_THAT(command_error({"--listen", "unix:/tmp/x.sock", "--upstream", "127.0.0.1:6379",
+                             "--rtt", "10ms", "--port-file", "/tmp/x.port"}),
+              HasSubstr("--port-file"));
   EXPECT_THROW(run_command({"--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:6379"}),
                CLI::RequiredError);
 }
