@@ -315,7 +315,9 @@ class Bench:
                 data = os.path.join(self.workdir, f"perf-{name}.data")
                 run(["perf", "record", "-a", "-g", "-o", data, "--", self.dsfs, "bench", path,
                      "--pattern", "epochs", "--jobs", JOBS, "--seed", 99])
-                profiles[name] = perf_summary(data, daemon[0] if daemon else None)
+                # perf attributes samples to threads: the daemon is all of its threads.
+                tids = os.listdir(f"/proc/{daemon[0]}/task") if daemon else []
+                profiles[name] = perf_summary(data, set(tids))
         finally:
             self.umount()
         self.results["profile"] = profiles
@@ -453,7 +455,7 @@ def request_profile(before, after, files):
     return per_file
 
 
-def perf_summary(data, daemon_pid):
+def perf_summary(data, daemon_tids):
     """Where the CPU went: share of samples per process (the dsfs daemon told apart from the
     `dsfs bench` reader, which has the same name), and the daemon's top symbols."""
     by_pid = run(["perf", "report", "-i", data, "--no-children", "--sort", "pid", "--stdio",
@@ -463,15 +465,15 @@ def perf_summary(data, daemon_pid):
         m = re.match(r"\s*([\d.]+)%\s+(\d+):(\S.*?)\s*$", line)
         if not m:
             continue
-        pid, name = m.group(2), m.group(3)
+        tid, name = m.group(2), m.group(3)
         if name == "dsfs":
-            name = "dsfs daemon" if pid == daemon_pid else "dsfs bench (the reader)"
+            name = "dsfs daemon" if tid in daemon_tids else "dsfs bench (the reader)"
         shares[name] = shares.get(name, 0.0) + float(m.group(1))
     comms = [{"process": k, "percent": round(v, 2)}
              for k, v in sorted(shares.items(), key=lambda kv: -kv[1])]
-    only = ["--pid", daemon_pid] if daemon_pid else ["--comms", "dsfs"]
-    by_sym = run(["perf", "report", "-i", data, "--no-children", *only, "--sort",
-                  "sym", "--stdio", "-g", "none", "-q"], check=False).stdout
+    only = ["--tid", ",".join(sorted(daemon_tids))] if daemon_tids else ["--comms", "dsfs"]
+    by_sym = run(["perf", "report", "-i", data, "--no-children", "--percentage", "relative",
+                  *only, "--sort", "sym", "--stdio", "-g", "none", "-q"], check=False).stdout
     symbols = []
     for line in by_sym.splitlines():
         m = re.match(r"\s*([\d.]+)%\s+\[(.)\]\s+(.*)$", line)
@@ -604,7 +606,8 @@ def markdown(results, name):
             syms = "; ".join(f"{s['symbol'][:40]} {s['percent']:.1f}%"
                              for s in prof["dsfs_top_symbols"][:6])
             lines.append(f"CPU profile ({phase} epoch, `perf record -a`, share of samples): "
-                         f"{procs}. Top symbols of the dsfs daemon: {syms}.")
+                         f"{procs}. Top symbols of the dsfs daemon (share of its own samples): "
+                         f"{syms}.")
         lines.append("")
     lines += [f"![throughput per case](../bench/results/{name}-cases.png)", "",
               f"![throughput against RTT](../bench/results/{name}-rtt.png)", "",
