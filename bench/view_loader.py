@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -244,8 +245,8 @@ def plot(summary, backend, meta, path):
                 va="center")
     ax.set_xlabel("images/s (median)")
     ax.set_title(f"DataLoader({meta['workers']} workers), {meta['images']} images, "
-                 f"{meta['cpus']} cores:\ntensors from MOUNT/.views/{SPEC} ({backend} backend) "
-                 "vs JPEG + torchvision's eval transform", fontsize=10)
+                 f"{meta['cpus']} cores:\n.npy from MOUNT/.views/{SPEC} ({backend}) vs "
+                 "JPEG + torchvision eval transform", fontsize=10)
     ax.set_xlim(0, max(values) * 1.15)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -266,7 +267,11 @@ def main():
                     help="output path without extension (default bench/results/view_loader)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    # More workers than cores is the point of the comparison, not a mistake to warn about.
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
 
+    with open("/proc/loadavg") as f:
+        load_before = [float(x) for x in f.read().split()[:3]]
     bench = Bench(args)
     runs = []
     try:
@@ -286,7 +291,7 @@ def main():
             "batch": args.batch, "runs": args.runs, "cpus": os.cpu_count()}
     result = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "loadavg_after": [float(x) for x in load]},
+                    "loadavg_before": load_before, "loadavg_after": [float(x) for x in load]},
         "settings": {**meta, "spec": SPEC, "view_backend": backend,
                      "torch": torch.__version__, "torchvision": torchvision.__version__},
         "summary": summary,
