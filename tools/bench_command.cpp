@@ -16,45 +16,10 @@
 
 #include "tools/dataset_bench.h"
 #include "tools/progress.h"
+#include "tools/stop_signal.h"
 
 namespace dsfs::tools {
 namespace {
-
-std::atomic<bool> g_stop_signalled{false};
-std::atomic<int> g_stop_signal{0};  // which signal, for the conventional 128+N exit status
-static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
-              "the signal handler needs lock-free atomics");
-
-extern "C" void on_bench_stop_signal(int signal_number) {
-  g_stop_signal.store(signal_number);
-  g_stop_signalled.store(true);
-}
-
-// SIGINT/SIGTERM end the run early, as --duration does, and the summary of what was read is
-// still printed (as fio does). SA_RESETHAND: a second signal kills at once.
-class StopSignalGuard {
- public:
-  StopSignalGuard() {
-    g_stop_signalled = false;
-    g_stop_signal = 0;
-    struct sigaction action {};
-    action.sa_handler = on_bench_stop_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESETHAND | SA_RESTART;
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
-  }
-  ~StopSignalGuard() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-  StopSignalGuard(const StopSignalGuard&) = delete;
-  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
-
- private:
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
-};
 
 struct BenchCommandState {
   BenchOptions options;
@@ -117,7 +82,7 @@ void run_bench_command(BenchCommandState& state) {
     };
   }
   StopSignalGuard signals;
-  options.stop = &g_stop_signalled;
+  options.stop = &StopSignalGuard::stopped();
 
   BenchResult result;
   try {
@@ -145,7 +110,7 @@ void run_bench_command(BenchCommandState& state) {
       }
     }
   }
-  if (g_stop_signalled) throw cli::ExitCode{128 + g_stop_signal.load()};
+  if (StopSignalGuard::stopped()) throw cli::ExitCode{128 + StopSignalGuard::signal_number()};
   if (result.totals.errors > 0) throw cli::ExitCode{1};
 }
 

@@ -10,45 +10,10 @@
 
 #include "src/catalog/keys.h"
 #include "tools/ingest.h"
+#include "tools/stop_signal.h"
 
 namespace dsfs::tools {
 namespace {
-
-std::atomic<bool> g_stop_signalled{false};
-std::atomic<int> g_stop_signal{0};  // which signal, for the conventional 128+N exit status
-static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
-              "the signal handler needs lock-free atomics");
-
-extern "C" void on_stop_signal(int signal_number) {
-  g_stop_signal.store(signal_number);
-  g_stop_signalled.store(true);
-}
-
-// SIGINT/SIGTERM ask the ingest to stop cleanly while this lives. SA_RESETHAND: a second signal
-// kills the process at once, for a user who does not want to wait for the clean-up.
-class StopSignalGuard {
- public:
-  StopSignalGuard() {
-    g_stop_signalled = false;
-    g_stop_signal = 0;
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESETHAND | SA_RESTART;
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
-  }
-  ~StopSignalGuard() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-  StopSignalGuard(const StopSignalGuard&) = delete;
-  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
-
- private:
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
-};
 
 struct IngestCommandState {
   IngestOptions options;
@@ -127,13 +92,13 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
     const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
     const catalog::KeySchema keys(global.ns);
     StopSignalGuard signals;
-    options.stop = &g_stop_signalled;
+    options.stop = &StopSignalGuard::stopped();
     try {
       const IngestResult result = run_ingest(endpoint, keys, options);
       fmt::print("{}\n", format_ingest_summary(options.dataset, result));
     } catch (const IngestInterrupted& e) {
       fmt::print(stderr, "dsfs: {}\n", e.what());
-      const int signal_number = g_stop_signal.load();
+      const int signal_number = StopSignalGuard::signal_number();
       throw cli::ExitCode{128 + (signal_number != 0 ? signal_number : SIGINT)};
     }
   });
