@@ -34,6 +34,9 @@
 namespace dsfs::fs {
 namespace {
 
+using test::list_dir;
+using test::read_errno;
+
 using ::testing::ElementsAre;
 using ::testing::UnorderedElementsAre;
 using namespace std::chrono_literals;
@@ -74,41 +77,12 @@ std::vector<TestFile> test_files() {
   };
 }
 
-// read(2) of the whole file; returns errno of the first failure, 0 on success.
-int read_errno(const stdfs::path& path, std::string* content = nullptr) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return errno;
-  std::string data;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      return error;
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (content) *content = std::move(data);
-  return 0;
-}
-
 // Drops the kernel's cached pages of `path`, so the next read reaches the filesystem.
 void drop_page_cache(const stdfs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   ASSERT_GE(fd, 0) << path;
   EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0) << path;
   ::close(fd);
-}
-
-std::set<std::string> list_dir(const stdfs::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : stdfs::directory_iterator(dir)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
 }
 
 class MountTest : public ::testing::Test {

@@ -42,6 +42,9 @@
 namespace dsfs::fs {
 namespace {
 
+using test::list_dir;
+using test::read_errno;
+
 using namespace std::chrono_literals;
 namespace stdfs = std::filesystem;
 
@@ -358,34 +361,6 @@ std::vector<SourceFile> source_files() {
       {"dogs/e.jpg", make_jpeg(20, 20, 5)},
       {"dogs/e.jpg.npy/inside.jpg", make_jpeg(20, 20, 6)},
   };
-}
-
-std::set<std::string> list_dir(const stdfs::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : stdfs::directory_iterator(dir)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
-}
-
-int read_errno(const stdfs::path& path, std::string* content = nullptr) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return errno;
-  std::string data;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      return error;
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (content) *content = std::move(data);
-  return 0;
 }
 
 class ViewMountTest : public ::testing::Test {

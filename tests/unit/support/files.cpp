@@ -1,7 +1,9 @@
 #include "tests/unit/support/files.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <fstream>
@@ -47,6 +49,34 @@ std::string pattern_bytes(size_t size, unsigned seed) {
     byte = static_cast<char>(state >> 24);
   }
   return bytes;
+}
+
+int read_errno(const std::filesystem::path& path, std::string* content) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return errno;
+  std::string data;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      return error;
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (content) *content = std::move(data);
+  return 0;
+}
+
+std::set<std::string> list_dir(const std::filesystem::path& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
 }
 
 }  // namespace dsfs::test

@@ -2,6 +2,7 @@
 // Temporary directories and small file helpers shared by the unit tests.
 #include <cstddef>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -31,5 +32,12 @@ void write_file(const std::filesystem::path& path, std::string_view content);
 
 // `size` deterministic pseudo-random bytes: the same seed always gives the same bytes.
 std::string pattern_bytes(size_t size, unsigned seed);
+
+// read(2) of the whole file (into `content` when given); the errno of the first failure
+// (open or read), 0 on success. For checking what a mount answers, EIO included.
+int read_errno(const std::filesystem::path& path, std::string* content = nullptr);
+
+// The names in directory `dir` (no "." or "..").
+std::set<std::string> list_dir(const std::filesystem::path& dir);
 
 }  // namespace dsfs::test
