@@ -149,10 +149,6 @@ prefetch::ObjectBuffer ViewFiles::rendered(const prefetch::DatasetSnapshot& data
                                 .chunk = canonical_slot,
                                 .generation = dataset.generation(),
                                 .object_id = entry};
-  {
-    std::lock_guard lock(failed_mutex_);
-    if (const auto it = failed_.find(key); it != failed_.end()) throw ViewRenderError(it->second);
-  }
   return cache_.get(key, [&] { return render(dataset, entry, *slot, key); });
 }
 
@@ -161,6 +157,12 @@ prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& datase
                                          const prefetch::ObjectKey& key) {
   if (!service_) {
     throw std::logic_error("a view file was read before the view service was started");
+  }
+  // A file that failed is never cached, so every read of it comes here: answer from memory
+  // rather than fetching and decoding it again. Rendered files never reach this lock.
+  {
+    std::lock_guard lock(failed_mutex_);
+    if (const auto it = failed_.find(key); it != failed_.end()) throw ViewRenderError(it->second);
   }
   const auto started = std::chrono::steady_clock::now();
   const catalog::CatalogEntry& file = dataset.catalog->entry(entry);
