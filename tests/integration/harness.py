@@ -119,3 +119,23 @@ class DsfsTestCase(unittest.TestCase):
         self.dsfs("umount", mnt, redis=False)
         self.assertFalse(is_mounted(mnt))
         self.mounts.remove(mnt)
+
+
+# How close a view tensor must be to torchvision's, in 1/255 pixel steps before normalization.
+VIEW_MAX_DIFF = 2
+VIEW_MAX_MEAN_DIFF = 0.05
+
+
+def report_view_diffs(test, title, diffs):
+    """Prints each image's (max, mean) difference from torchvision and the worst, then asserts
+    every image is within VIEW_MAX_DIFF and VIEW_MAX_MEAN_DIFF."""
+    print(f"\n{title}", flush=True)
+    for name, (maximum, mean) in sorted(diffs.items()):
+        print(f"  {name:32s} max {maximum:.3f}/255  mean {mean:.5f}/255")
+    worst = max(m for m, _ in diffs.values())
+    worst_mean = max(m for _, m in diffs.values())
+    print(f"  overall: max {worst:.3f}/255, largest per-image mean {worst_mean:.5f}/255",
+          flush=True)
+    for name, (maximum, mean) in diffs.items():
+        test.assertLessEqual(maximum, VIEW_MAX_DIFF, name)
+        test.assertLessEqual(mean, VIEW_MAX_MEAN_DIFF, name)

@@ -16,6 +16,8 @@ import torchvision
 import torchvision.transforms as T
 from PIL import Image
 
+from harness import report_view_diffs
+
 # ctest sets DSFS_VIEW_RENDER; by hand, the driver is looked for in DSFS_BIN's build dir.
 BUILD_DIR = (os.path.dirname(os.environ["DSFS_BIN"]) if os.environ.get("DSFS_BIN") else
              os.path.join(os.path.dirname(__file__), "..", "..", "build"))
@@ -27,8 +29,6 @@ BACKEND = os.environ.get("DSFS_VIEW_BACKEND", "cpu")
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-MAX_DIFF = 2  # in 1/255 steps, before normalization
-MAX_MEAN_DIFF = 0.05
 
 
 def photo_like(width, height, seed):
@@ -143,16 +143,7 @@ class ViewParity(unittest.TestCase):
                 for n in names}
 
     def report(self, title, diffs):
-        print(f"\n{title}", flush=True)
-        for name, (maximum, mean) in sorted(diffs.items()):
-            print(f"  {name:24s} max {maximum:.3f}/255  mean {mean:.5f}/255")
-        worst = max(m for m, _ in diffs.values())
-        worst_mean = max(m for _, m in diffs.values())
-        print(f"  overall: max {worst:.3f}/255, largest per-image mean {worst_mean:.5f}/255",
-              flush=True)
-        for name, (maximum, mean) in diffs.items():
-            self.assertLessEqual(maximum, MAX_DIFF, name)
-            self.assertLessEqual(mean, MAX_MEAN_DIFF, name)
+        report_view_diffs(self, title, diffs)
 
     def test_decode_matches_pil_convert_rgb(self):
         # crop=WxH of the whole image: no resampling, so this is decoding alone.

@@ -16,12 +16,10 @@ import torchvision
 import torchvision.transforms as T
 from PIL import Image
 
-from harness import DSFS, RedisServer, is_mounted, run
+from harness import DSFS, RedisServer, is_mounted, report_view_diffs, run
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-MAX_DIFF = 2  # in 1/255 steps, before normalization (the bound)
-MAX_MEAN_DIFF = 0.05
 PRESETS = {"imagenet-eval", "imagenet-eval-fp16", "imagenet-eval-uint8"}
 
 
@@ -120,16 +118,7 @@ class ViewsThroughTheMount(unittest.TestCase):
         return os.path.join(self.views, spec, "pics", rel + ".npy")
 
     def report(self, title, diffs):
-        print(f"\n{title}", flush=True)
-        for name, (maximum, mean) in sorted(diffs.items()):
-            print(f"  {name:32s} max {maximum:.3f}/255  mean {mean:.5f}/255")
-        worst = max(m for m, _ in diffs.values())
-        worst_mean = max(m for _, m in diffs.values())
-        print(f"  overall: max {worst:.3f}/255, largest per-image mean {worst_mean:.5f}/255",
-              flush=True)
-        for name, (maximum, mean) in diffs.items():
-            self.assertLessEqual(maximum, MAX_DIFF, name)
-            self.assertLessEqual(mean, MAX_MEAN_DIFF, name)
+        report_view_diffs(self, title, diffs)
 
     def test_views_is_beside_the_datasets_and_lists_the_presets(self):
         self.assertIn(".views", os.listdir(self.mnt))
