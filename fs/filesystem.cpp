@@ -560,16 +560,13 @@ struct Handlers {
       uint64_t ino = find_child(fs, parent, name);
       // Names never appear later in a mount, so a miss is cached as long as a hit.
       if (ino == 0) fs.counters_.count(ErrorKind::kNotFound);
-      if (ino == kStatsInode) ino = fs.new_stats_snapshot();
+      const bool stats_snapshot = ino == kStatsInode;
+      if (stats_snapshot) ino = fs.new_stats_snapshot();
       fuse_entry_param entry = entry_param(fs, ino);
       // Every path walk to stats.json comes back here for a fresh snapshot.
-      if (decode_inode(ino).kind == InodeRef::Kind::kStatsSnapshot) entry.entry_timeout = 0;
-      if (fuse_reply_entry(req, &entry) != 0 && entry.ino == ino) {
-        // The kernel never got it, so no FORGET will come.
-        if (decode_inode(ino).kind == InodeRef::Kind::kStatsSnapshot) {
-          fs.forget_stats_snapshot(ino, 1);
-        }
-      }
+      if (stats_snapshot) entry.entry_timeout = 0;
+      // If the kernel never got the snapshot, no FORGET will come for it.
+      if (fuse_reply_entry(req, &entry) != 0 && stats_snapshot) fs.forget_stats_snapshot(ino, 1);
     });
   }
 
