@@ -8,7 +8,9 @@
 #include "tools/admin_commands.h"
 #include "tools/bench_command.h"
 #include "tools/ingest_command.h"
+#include "tools/plan_command.h"
 #include "tools/proxy_command.h"
+#include "tools/stats_command.h"
 #include "tools/synth_command.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +30,8 @@ int main(int argc, char** argv) {
   dsfs::fs::register_mount_commands(app, global);
   dsfs::tools::register_bench_command(app, global);
   dsfs::tools::register_proxy_command(app, global);
+  dsfs::tools::register_plan_command(app, global);
+  dsfs::tools::register_stats_command(app, global);
 
   try {
     app.parse(argc, argv);
