@@ -161,8 +161,10 @@ void register_bench_command(CLI::App& app, cli::GlobalOptions& global) {
                   "stderr): config, totals, per-epoch figures, latency percentiles, errors and a "
                   "per-second timeline");
   sub->add_flag("--drop-caches", state->options.drop_caches,
-                "Drop the page cache (sync, then 3 > /proc/sys/vm/drop_caches; needs root) after "
-                "listing and before reading, for cold-cache figures");
+                "Drop the page cache (sync, then 3 > /proc/sys/vm/drop_caches; needs root) "
+                "before every epoch, so each epoch reads cold and later epochs measure the "
+                "filesystem rather than the page cache; the time spent dropping is not counted "
+                "(nor in --duration)");
   cli::add_log_level_option(*sub, global);
   sub->callback([state, &global] {
     cli::apply_log_level(global);

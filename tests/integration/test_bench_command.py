@@ -168,6 +168,25 @@ class BenchTreeTest(unittest.TestCase, BenchJsonChecks):
         self.assertGreater(report["totals"]["files"], 0)
         self.assertFalse(report["epochs"][-1]["complete"])
 
+    @unittest.skipUnless(os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK),
+                         "--drop-caches needs root and a writable /proc/sys/vm/drop_caches")
+    def test_drop_caches_drops_the_page_cache_before_every_epoch(self):
+        def drops():  # the kernel's count of page-cache drops (any process's)
+            with open("/proc/vmstat") as f:
+                for line in f:
+                    name, value = line.split()
+                    if name == "drop_pagecache":
+                        return int(value)
+            self.skipTest("/proc/vmstat has no drop_pagecache counter")
+
+        before = drops()
+        res = bench(self.root, "--epochs", 3, "--drop-caches", "--json", "-")
+        report = json.loads(res.stdout)
+        self.check_consistent(report, self.files, self.bytes, 3)
+        self.assertTrue(report["config"]["drop_caches"])
+        self.assertIn("page cache dropped before each epoch", res.stderr)
+        self.assertGreaterEqual(drops() - before, 3)
+
     def test_help_explains_the_options(self):
         res = bench("--help")
         for option in ["--pattern", "--epochs", "--jobs", "--files", "--bs", "--duration",

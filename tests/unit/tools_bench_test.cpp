@@ -427,13 +427,38 @@ TEST_F(BenchRunTest, JsonHasEveryPartAndAddsUp) {
   EXPECT_THAT(summary, HasSubstr("epoch 1: 10 files"));
 }
 
-TEST_F(BenchRunTest, DropCachesWritesThreeToTheControlFile) {
-  BenchOptions dropping = options(BenchPattern::kSequential, 1, 1);
+TEST_F(BenchRunTest, DropCachesWritesThreeToTheControlFileBeforeEveryEpoch) {
+  BenchOptions dropping = options(BenchPattern::kEpochs, 3, 1);
   dropping.drop_caches = true;
   dropping.drop_caches_file = dir_.path() / "drop_caches";
   write_file(dropping.drop_caches_file, "");
-  EXPECT_EQ(run_dataset_bench(dropping).totals.files, file_count_);
-  EXPECT_EQ(test::read_file(dropping.drop_caches_file), "3");
+  // One reader: the first file of each epoch sees whether the cache was dropped before it, and
+  // empties the control file so that the next epoch needs a drop of its own.
+  std::vector<std::pair<uint64_t, std::string>> seen_at_epoch_start;
+  uint64_t files_done = 0;
+  dropping.on_file_done = [&](uint64_t epoch, uint32_t, bool) {
+    if (files_done++ % file_count_ != 0) return;
+    seen_at_epoch_start.emplace_back(epoch, test::read_file(dropping.drop_caches_file));
+    write_file(dropping.drop_caches_file, "");
+  };
+  const BenchResult result = run_dataset_bench(dropping);
+  EXPECT_EQ(result.totals.files, file_count_ * 3);
+  EXPECT_EQ(seen_at_epoch_start,
+            (std::vector<std::pair<uint64_t, std::string>>{{0, "3"}, {1, "3"}, {2, "3"}}));
+  EXPECT_EQ(result.epochs.size(), 3u);
+  EXPECT_TRUE(bench_result_json(dropping, result)["config"]["drop_caches"].get<bool>());
+
+  // A drop that fails between epochs stops the run with the same error as before the first.
+  dropping.on_file_done = [&](uint64_t, uint32_t, bool) { fs::remove(dropping.drop_caches_file); };
+  write_file(dropping.drop_caches_file, "");
+  try {
+    run_dataset_bench(dropping);
+    FAIL() << "no error when the page cache cannot be dropped between epochs";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--drop-caches"));
+  }
+
+  dropping.on_file_done = nullptr;
 
   dropping.drop_caches_file = dir_.path() / "no" / "such" / "file";
   try {
