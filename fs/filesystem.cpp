@@ -134,6 +134,11 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
       fetcher_(pool_, catalog::KeySchema(options_.ns),
                prefetch::FetcherOptions{.timeout = options_.timeout}),
       reader_(cache_, fetcher_, options_.verify),
+      engine_(cache_, fetcher_, datasets_, pool_.endpoint(), options_.verify,
+              prefetch::EngineOptions{.mode = options_.prefetch,
+                                      .connections = options_.connections,
+                                      .max_inflight = options_.max_inflight,
+                                      .connect = connect_options(options_.timeout)}),
       views_(reader_, options_.view_cache_bytes),
       mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
       owner_uid_(getuid()),
@@ -159,9 +164,12 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
     spdlog::warn("only the first {} of {} datasets appear under {}", kMaxViewDatasets,
                  datasets_.size(), kViewsDirName);
   }
+  if (options_.prefetch != prefetch::PrefetchMode::kOff) reader_.set_engine(&engine_);
 }
 
-Filesystem::~Filesystem() = default;
+Filesystem::~Filesystem() {
+  engine_.stop();
+}
 
 void Filesystem::start_views() {
   auto service = std::make_unique<view::ViewService>(view::make_backend(options_.view_backend));
@@ -227,6 +235,8 @@ std::string Filesystem::stats_json() const {
       .cache = cache_.stats(),
       .redis_connects = pool_.connects(),
       .views = views_.stats(),
+      .reads = reader_.stats(),
+      .prefetch = engine_.stats(),
       .datasets = datasets_,
       .started = started_,
       .redis_endpoint = pool_.endpoint().describe(),
@@ -404,6 +414,11 @@ struct Handlers {
       case InodeRef::Kind::kControlDir:
         stat_virtual(fs, ino, S_IFDIR | 0555, 2, kDirectorySize, fs.mounted_unix_, st);
         return true;
+      case InodeRef::Kind::kPlan:
+        // Write-only for the owner, and its size changes with every write.
+        timeout = 0;
+        stat_virtual(fs, ino, S_IFREG | 0200, 1, fs.engine_.plan_size(), std::time(nullptr), st);
+        return true;
       case InodeRef::Kind::kStats:
         // Only a name: lookups answer with a snapshot inode, so nothing reads this one.
         timeout = 0;
@@ -476,6 +491,7 @@ struct Handlers {
         return it == fs.dataset_by_name_.end() ? 0 : meta_inode(it->second, MetaFile::kDirectory);
       }
       case InodeRef::Kind::kControlDir:
+        if (name == kPlanFileName) return kPlanInode;
         return name == kStatsFileName ? kStatsInode : 0;
       case InodeRef::Kind::kMeta: {
         if (ref.meta != MetaFile::kDirectory || !dataset_of(fs, ref)) return 0;
@@ -581,6 +597,11 @@ struct Handlers {
 
   static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     guarded(req, Op::kOpen, [&](Filesystem& fs) {
+      if (ino == kPlanInode) {
+        if (fs.no_open_) return (void)fuse_reply_err(req, ENOSYS);
+        fi->direct_io = 1;
+        return (void)fuse_reply_open(req, fi);
+      }
       if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
         return fail(fs, req, EROFS);
       }
@@ -643,6 +664,8 @@ struct Handlers {
           return reply_text(fs.meta_content(ref.dataset, ref.meta));
         case InodeRef::Kind::kViewEntry:
           return read_view(fs, req, ref, size, static_cast<uint64_t>(off));
+        case InodeRef::Kind::kPlan:
+          return reply_text("");  // write-only: stats.json reports what the plan holds
         case InodeRef::Kind::kEntry:
           break;
         default:
@@ -754,6 +777,7 @@ struct Handlers {
         break;
       case InodeRef::Kind::kControlDir:
         fixed.emplace_back(kStatsFileName, kStatsInode);
+        fixed.emplace_back(kPlanFileName, kPlanInode);
         break;
       case InodeRef::Kind::kMeta:
         if (!dataset_of(fs, ref) || ref.meta != MetaFile::kDirectory) {
@@ -943,7 +967,37 @@ struct Handlers {
     });
   }
 
-  // The mount is read-only; the kernel already refuses most changes, these answer the rest.
+  // .dsfs/plan: writing at 0 replaces the plan, at its end extends it.
+  static void write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
+                    fuse_file_info*) {
+    guarded(req, Op::kWrite, [&](Filesystem& fs) {
+      if (ino != kPlanInode) return fail(fs, req, EROFS);
+      if (off < 0) return fail(fs, req, EINVAL);
+      const int error =
+          fs.engine_.plan_write(static_cast<uint64_t>(off), std::string_view(data, size));
+      if (error != 0) return fail(fs, req, error);
+      fuse_reply_write(req, size);
+    });
+  }
+
+  // Only truncating .dsfs/plan (O_TRUNC, truncate(1)); times and modes are not stored.
+  static void setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+                      fuse_file_info*) {
+    guarded(req, Op::kWrite, [&](Filesystem& fs) {
+      if (ino != kPlanInode) return fail(fs, req, EROFS);
+      if (to_set & FUSE_SET_ATTR_SIZE) {
+        if (attr->st_size < 0) return fail(fs, req, EINVAL);
+        const int error = fs.engine_.plan_truncate(static_cast<uint64_t>(attr->st_size));
+        if (error != 0) return fail(fs, req, error);
+      }
+      struct stat st {};
+      double timeout = 0;
+      stat_inode(fs, ino, st, timeout);
+      fuse_reply_attr(req, &st, 0);
+    });
+  }
+
+  // The mount is read-only but for .dsfs/plan; these answer every other change.
   // A template so one definition fits every operation's signature (deduced on assignment).
   template <typename... Ignored>
   static void refuse(fuse_req_t req, Ignored...) {
@@ -968,7 +1022,7 @@ const fuse_lowlevel_ops& Filesystem::operations() {
     o.statfs = &Handlers::statfs;
     o.getxattr = &Handlers::getxattr;
     o.listxattr = &Handlers::listxattr;
-    o.setattr = &Handlers::refuse;
+    o.setattr = &Handlers::setattr;
     o.mknod = &Handlers::refuse;
     o.mkdir = &Handlers::refuse;
     o.unlink = &Handlers::refuse;
@@ -976,7 +1030,7 @@ const fuse_lowlevel_ops& Filesystem::operations() {
     o.symlink = &Handlers::refuse;
     o.rename = &Handlers::refuse;
     o.link = &Handlers::refuse;
-    o.write = &Handlers::refuse;
+    o.write = &Handlers::write;
     o.create = &Handlers::refuse;
     o.setxattr = &Handlers::refuse;
     o.removexattr = &Handlers::refuse;

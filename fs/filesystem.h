@@ -15,6 +15,7 @@
 #include "fs/stats.h"
 #include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/engine.h"
 #include "prefetch/file_reader.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
@@ -40,6 +41,8 @@ struct FilesystemOptions {
   size_t connections = kDefaultConnections;
   view::BackendKind view_backend = view::BackendKind::kAuto;  // renders MOUNT/.views files
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
+  prefetch::PrefetchMode prefetch = prefetch::PrefetchMode::kAuto;
+  size_t max_inflight = 0;  // 0: derived from the cache size
 };
 
 class Filesystem {
@@ -62,6 +65,8 @@ class Filesystem {
   // Call once before serving, after any fork: CUDA state does not survive one. Throws (naming
   // the reason) when the backend asked for cannot be used, e.g. cuda without a GPU.
   void start_views();
+  // Starts fetching ahead (options().prefetch). Like start_views, after any fork.
+  void start_prefetch() { engine_.start(); }
 
   const std::vector<prefetch::DatasetSnapshot>& datasets() const { return datasets_; }
   const FilesystemOptions& options() const { return options_; }
@@ -69,6 +74,7 @@ class Filesystem {
   const FsCounters& counters() const { return counters_; }
   const prefetch::ObjectCache& cache() const { return cache_; }
   const ViewFiles& views() const { return views_; }
+  prefetch::PrefetchEngine& engine() { return engine_; }
 
  private:
   friend struct Handlers;
@@ -97,6 +103,7 @@ class Filesystem {
   prefetch::ObjectCache cache_;
   prefetch::ObjectFetcher fetcher_;
   prefetch::FileReader reader_;
+  prefetch::PrefetchEngine engine_;
   ViewFiles views_;
   FsCounters counters_;
   struct CountedSnapshot {

@@ -32,6 +32,7 @@ InodeRef decode_inode(uint64_t ino) {
   if (ino == kControlDirInode) return {.kind = Kind::kControlDir};
   if (ino == kStatsInode) return {.kind = Kind::kStats};
   if (ino == kViewsDirInode) return {.kind = Kind::kViewsDir};
+  if (ino == kPlanInode) return {.kind = Kind::kPlan};
   if (ino & kViewInodeFlag) {
     const auto slot = static_cast<uint32_t>((ino >> 48) & ((uint64_t{1} << kViewSlotBits) - 1));
     const auto dataset_plus_one = static_cast<uint32_t>((ino >> 32) & 0xffffu);

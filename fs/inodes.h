@@ -2,7 +2,7 @@
 // Inode numbers are computed from what they name, so the kernel's inode is all a request needs
 // and nothing is stored per inode:
 //   1                         the mount root
-//   2, 3, 4, 5                .meta, .dsfs, .dsfs/stats.json, .views
+//   2, 3, 4, 5, 6             .meta, .dsfs, .dsfs/stats.json, .views, .dsfs/plan
 //   16 + 8*D + k              .meta/NAME of dataset D (k = 0) and its files (k = 1..4)
 //   ((D + 1) << 32) | E       catalogue entry E of dataset D (E = 0: the dataset's root)
 //   (1 << 62) | N             snapshot N of .dsfs/stats.json (one per lookup; see Filesystem)
@@ -22,10 +22,12 @@ inline constexpr uint64_t kMetaDirInode = 2;
 inline constexpr uint64_t kControlDirInode = 3;
 inline constexpr uint64_t kStatsInode = 4;  // the name; its contents live in snapshot inodes
 inline constexpr uint64_t kViewsDirInode = 5;
+inline constexpr uint64_t kPlanInode = 6;
 inline constexpr uint64_t kStatsSnapshotBase = uint64_t{1} << 62;
 inline constexpr std::string_view kMetaDirName = ".meta";
 inline constexpr std::string_view kControlDirName = ".dsfs";
 inline constexpr std::string_view kStatsFileName = "stats.json";
+inline constexpr std::string_view kPlanFileName = "plan";
 inline constexpr std::string_view kViewsDirName = ".views";
 
 enum class MetaFile : uint32_t {
@@ -76,6 +78,7 @@ struct InodeRef {
     kControlDir,
     kStats,
     kStatsSnapshot,
+    kPlan,  // .dsfs/plan: the one writable file
     kMeta,
     kEntry,
     kViewsDir,   // .views

@@ -348,7 +348,8 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
 // ---- Session ----------------------------------------------------------------------------------
 
 Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std::move(options)) {
-  std::string mount_options = "ro,fsname=dsfs,subtype=dsfs,default_permissions";
+  // Not "ro": .dsfs/plan takes writes. Every other change is answered EROFS by the filesystem.
+  std::string mount_options = "fsname=dsfs,subtype=dsfs,default_permissions";
   for (const std::string& option : options_.fuse_options) {
     if (option.empty()) continue;
     mount_options += "," + option;
@@ -440,6 +441,7 @@ Mount::Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapsho
     : filesystem_(std::make_unique<Filesystem>(std::move(endpoint), std::move(datasets),
                                                std::move(options.filesystem))) {
   filesystem_->start_views();
+  filesystem_->start_prefetch();
   session_ = std::make_unique<Session>(*filesystem_, std::move(options.session));
   loop_ = std::async(std::launch::async, [session = session_.get()] { return session->run(); });
 }

@@ -54,6 +54,8 @@ struct MountArgs {
   unsigned connections = kDefaultConnections;
   uint64_t readahead_bytes = kDefaultReadahead;
   std::string view_backend = "auto";
+  std::string prefetch = "auto";
+  unsigned max_inflight = 0;
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
   std::string log_file;
 };
@@ -189,6 +191,8 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.connections = args.connections;
   fs_options.view_backend = view::parse_backend_kind(args.view_backend);
   fs_options.view_cache_bytes = args.view_cache_bytes;
+  fs_options.prefetch = prefetch::parse_prefetch_mode(args.prefetch);
+  fs_options.max_inflight = args.max_inflight;
   const size_t dataset_count = datasets.size();
   Filesystem filesystem(endpoint, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
@@ -207,6 +211,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   // After the fork: CUDA state does not survive one.
   try {
     filesystem.start_views();
+    filesystem.start_prefetch();
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     if (ready_fd >= 0) report_failure(ready_fd, e.what());
@@ -370,8 +375,26 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   mount->add_option("--threads", mount_args->threads, "FUSE request threads")
       ->check(CLI::Range(1u, 256u))
       ->capture_default_str();
-  mount->add_option("--connections", mount_args->connections, "Redis connections for reads")
+  mount
+      ->add_option("--prefetch", mount_args->prefetch,
+                   "Fetching ahead of readers: auto (learn the order from the reads: a plan "
+                   "written to MOUNTPOINT/.dsfs/plan, directory order, the last epoch's order, "
+                   "or any file not read yet this epoch), plan (only follow a written plan), or "
+                   "off (fetch only what is read)")
+      ->check(CLI::IsMember({"auto", "plan", "off"}))
+      ->capture_default_str();
+  mount
+      ->add_option("--connections", mount_args->connections,
+                   "Redis connections that prefetch (each a sliding window of pipelined GETs); "
+                   "reads that miss use up to as many more")
       ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  mount
+      ->add_option("--max-inflight", mount_args->max_inflight,
+                   "Most prefetch GETs in flight at once (0: as many as half the cache holds, at "
+                   "most 8192). The engine keeps about the measured round trip times the read "
+                   "rate in flight, ramping up from 2 per connection")
+      ->check(CLI::Range(0u, 1u << 20))
       ->capture_default_str();
   mount
       ->add_option("--readahead", mount_args->readahead_bytes,

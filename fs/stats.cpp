@@ -70,7 +70,59 @@ nlohmann::ordered_json cache_json(const prefetch::CacheStats& c) {
           {"misses", c.misses},
           {"joined", c.joined},
           {"evictions", c.evictions},
-          {"too_large", c.too_large}};
+          {"too_large", c.too_large},
+          {"not_kept", c.not_kept},
+          {"reserved_bytes", c.reserved_bytes}};
+}
+
+nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
+                                     const prefetch::EngineStats& e,
+                                     const prefetch::CacheStats& c) {
+  const uint64_t ready = reads.ready.load(std::memory_order_relaxed);
+  const uint64_t joined = reads.joined.load(std::memory_order_relaxed);
+  const uint64_t miss = reads.miss.load(std::memory_order_relaxed);
+  const uint64_t all = ready + joined + miss;
+  const prefetch::StallHistogram& stall = reads.stall;
+  nlohmann::ordered_json predictors = nlohmann::ordered_json::array();
+  for (const prefetch::PredictorReport& p : e.predictors) {
+    predictors.push_back(
+        {{"name", p.name}, {"score", p.score}, {"foreseen", p.foreseen}, {"scored", p.scored}});
+  }
+  return {
+      {"mode", std::string(prefetch::prefetch_mode_name(e.mode))},
+      {"leader", e.leader},
+      {"epoch", e.epoch},
+      {"accesses", e.accesses},
+      {"reads",
+       {{"ready", ready},
+        {"joined", joined},
+        {"miss", miss},
+        {"hit_rate", all == 0 ? 0.0 : static_cast<double>(ready + joined) / all}}},
+      {"stall_us",
+       {{"p50", stall.quantile_us(0.5)},
+        {"p90", stall.quantile_us(0.9)},
+        {"p99", stall.quantile_us(0.99)},
+        {"p999", stall.quantile_us(0.999)},
+        {"max", stall.max_us()},
+        {"total_s", stall.total_s()}}},
+      {"bytes",
+       {{"prefetched", c.prefetched_bytes}, {"used", c.used_bytes}, {"wasted", c.wasted_bytes}}},
+      {"inflight",
+       {{"objects", e.inflight_objects},
+        {"bytes", e.inflight_bytes},
+        {"target", e.inflight_limit},
+        {"max", e.inflight_max}}},
+      {"rtt_ms", e.rtt_ms},
+      {"consumption_files_per_s", e.files_per_s},
+      {"connections", e.connections},
+      {"gets", e.gets},
+      {"failures", e.failures},
+      {"plan",
+       {{"entries", e.plan_entries},
+        {"unresolved", e.plan_unresolved},
+        {"position", e.plan_position}}},
+      {"predictors", predictors},
+  };
 }
 
 nlohmann::ordered_json views_json(const ViewStats& v) {
@@ -155,6 +207,7 @@ std::string render_stats_json(const StatsSources& sources) {
         {"connects", sources.redis_connects}}},
       {"errors", errors},
       {"cache", cache_json(c)},
+      {"prefetch", prefetch_json(sources.reads, sources.prefetch, c)},
       {"views", views_json(sources.views)},
       {"datasets", datasets},
   };

@@ -10,8 +10,10 @@
 
 #include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/engine.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
+#include "prefetch/read_stats.h"
 
 namespace dsfs::fs {
 
@@ -65,6 +67,8 @@ struct StatsSources {
   prefetch::CacheStats cache;
   uint64_t redis_connects = 0;
   ViewStats views;
+  const prefetch::ReadStats& reads;
+  prefetch::EngineStats prefetch;
   const std::vector<prefetch::DatasetSnapshot>& datasets;
   std::chrono::steady_clock::time_point started;
   std::string_view redis_endpoint;  // already redacted

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "prefetch/engine.h"
+
 namespace dsfs::prefetch {
 
 FileReader::FileReader(ObjectCache& cache, ObjectFetcher& fetcher, bool verify)
@@ -16,6 +18,7 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
   const catalog::CatalogEntry& file = catalog.entry(entry);
   if (file.is_dir) throw std::invalid_argument("FileReader::read on a directory");
   if (offset >= file.size || size == 0) return {};
+  if (offset == 0 && engine_) engine_->record_access(dataset.index, entry);
   const uint64_t end = std::min<uint64_t>(file.size, offset + size);
 
   const uint64_t chunk_count = catalog.chunk_count(entry);
@@ -44,8 +47,11 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
                              .object_id = file.object_id});
   }
 
-  const std::vector<ObjectBuffer> buffers =
-      cache_.get_many(keys, [&](std::span<const ObjectKey> missing) {
+  ReadOutcome outcome = ReadOutcome::kReady;
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<ObjectBuffer> buffers = cache_.get_many(
+      keys,
+      [&](std::span<const ObjectKey> missing) {
         std::vector<uint32_t> wanted;
         wanted.reserve(missing.size());
         for (const ObjectKey& key : missing) wanted.push_back(key.chunk);
@@ -76,7 +82,11 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
         result.reserve(wanted.size());
         for (const uint32_t chunk : wanted) result.push_back(all_chunks[chunk]);
         return result;
-      });
+      },
+      &outcome);
+  stats_.record(outcome, outcome == ReadOutcome::kReady
+                             ? std::chrono::nanoseconds{0}
+                             : std::chrono::steady_clock::now() - started);
 
   std::vector<Slice> slices;
   slices.reserve(last_needed - first_needed + 1);
@@ -87,6 +97,8 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
     const uint64_t to = std::min<uint64_t>(end - chunk_start, buffer->size());
     if (to <= from) break;  // cannot happen: lengths were checked against the catalogue
     slices.push_back(Slice{buffer, static_cast<size_t>(from), static_cast<size_t>(to - from)});
+    // Read to its end: the first to make room for what comes next.
+    if (to == buffer->size()) cache_.mark_consumed(keys[chunk - first]);
   }
   return slices;
 }

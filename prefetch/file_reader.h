@@ -10,8 +10,11 @@
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
+#include "prefetch/read_stats.h"
 
 namespace dsfs::prefetch {
+
+class PrefetchEngine;
 
 // A piece of a read: `length` bytes at `offset` inside `buffer` (which it keeps alive).
 struct Slice {
@@ -34,6 +37,10 @@ class FileReader {
 
   bool verify() const { return verify_; }
 
+  // Reports every file read from its start to `engine` (which may then fetch what comes next).
+  void set_engine(PrefetchEngine* engine) { engine_ = engine; }
+  const ReadStats& stats() const { return stats_; }
+
  private:
   using Digests = std::vector<uint64_t>;  // ObjectFetcher::chunk_digest of each chunk, in order
   std::shared_ptr<const Digests> verified_digests(uint32_t dataset, uint32_t entry) const;
@@ -41,6 +48,8 @@ class FileReader {
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
   bool verify_;
+  PrefetchEngine* engine_ = nullptr;
+  ReadStats stats_;
   // Chunked files that passed the whole-file check, by (dataset << 32 | entry). Without them a
   // file larger than the cache was fetched whole again on every miss (chunks^2 GETs).
   mutable std::mutex verified_mutex_;

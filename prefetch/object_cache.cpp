@@ -23,7 +23,7 @@ ObjectBuffer ObjectCache::get(const ObjectKey& key, const std::function<ObjectBu
 }
 
 std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
-                                                const LoadMany& load) {
+                                                const LoadMany& load, ReadOutcome* outcome) {
   std::vector<ObjectBuffer> result(keys.size());
   std::vector<ObjectKey> to_load;
   std::vector<size_t> to_load_positions;
@@ -48,16 +48,23 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) {
       const ObjectKey& key = keys[i];
-      if (auto it = index_.find(key); it != index_.end()) {
-        lru_.splice(lru_.begin(), lru_, it->second);
-        result[i] = it->second->buffer;
+      if (auto it = entries_.find(key); it != entries_.end()) {
+        Entry& entry = it->second;
+        if (entry.victim.standing != Standing::kPredicted) {
+          set_standing_locked(key, entry, entry.victim.standing, ++clock_);
+        }
+        note_used_locked(entry);
+        result[i] = entry.buffer;
         ++stats_.hits;
       } else if (auto loading = loading_.find(key); loading != loading_.end()) {
-        to_wait.emplace_back(i, loading->second);
+        loading->second.joined = true;
+        to_wait.emplace_back(i, loading->second.future);
         ++stats_.joined;
       } else {
         promises.emplace_back();
-        loading_.emplace(key, promises.back().get_future().share());
+        Loading record;
+        record.future = promises.back().get_future().share();
+        loading_.emplace(key, std::move(record));
         to_load.push_back(key);
         to_load_positions.push_back(i);
         ++stats_.misses;
@@ -66,6 +73,11 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
   } catch (...) {
     withdraw(std::current_exception());
     throw;
+  }
+  if (outcome) {
+    *outcome = !to_load.empty()   ? ReadOutcome::kMiss
+               : !to_wait.empty() ? ReadOutcome::kJoined
+                                  : ReadOutcome::kReady;
   }
 
   if (!to_load.empty()) {
@@ -85,6 +97,7 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
     }
     {
       std::lock_guard lock(mutex_);
+      // Erasing cannot throw, so no key stays registered once its load is done.
       for (const ObjectKey& key : to_load) loading_.erase(key);
       for (size_t j = 0; j < to_load.size(); ++j) {
         try {
@@ -101,8 +114,82 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
   }
 
   // Only after our own loads are done, so two callers never wait on each other.
-  for (auto& [position, future] : to_wait) result[position] = future.get();
+  for (auto& [position, future] : to_wait) {
+    try {
+      result[position] = future.get();
+    } catch (const PrefetchAbandoned&) {
+      // The prefetch we joined gave up: load it ourselves, with the demand path's retries.
+      if (outcome) *outcome = ReadOutcome::kMiss;
+      result[position] = std::move(get_many(keys.subspan(position, 1), load).front());
+    }
+  }
   return result;
+}
+
+void ObjectCache::note_used_locked(Entry& entry) {
+  if (entry.prefetched && !entry.used) {
+    entry.used = true;
+    stats_.used_bytes += entry.buffer->size();
+  }
+}
+
+void ObjectCache::set_standing_locked(const ObjectKey& key, Entry& entry, Standing standing,
+                                      uint64_t order) {
+  victims_.erase(entry.victim);
+  entry.victim = VictimOrder{standing, order, ++clock_};
+  victims_.emplace(entry.victim, key);
+}
+
+void ObjectCache::erase_entry_locked(
+    std::unordered_map<ObjectKey, Entry, ObjectKeyHash>::iterator it) {
+  Entry& entry = it->second;
+  stats_.bytes -= entry.buffer->size();
+  if (entry.prefetched && !entry.used) stats_.wasted_bytes += entry.buffer->size();
+  victims_.erase(entry.victim);
+  entries_.erase(it);
+}
+
+bool ObjectCache::make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank) {
+  const auto free_bytes = [&] { return capacity_bytes_ - stats_.bytes - stats_.reserved_bytes; };
+  if (stats_.bytes + stats_.reserved_bytes + size <= capacity_bytes_) return true;
+  // Whether an object may go for this one. Objects being read (a reader holds their buffer) stay
+  // whatever they are: evicting them would free nothing until the reader is done.
+  const auto evictable = [&](const Entry& entry) {
+    if (entry.buffer.use_count() > 1) return false;
+    switch (entry.victim.standing) {
+      case Standing::kConsumed:
+        return true;
+      case Standing::kPredicted:
+        return purpose == RoomFor::kDemand || entry.rank > rank;
+      case Standing::kOther:
+        return purpose == RoomFor::kDemand;
+    }
+    return false;
+  };
+  // First find out whether enough can go, so a refusal evicts nothing.
+  uint64_t can_free = free_bytes();
+  std::vector<ObjectKey> chosen;
+  for (const auto& [order, key] : victims_) {
+    if (can_free >= size) break;
+    const Entry& entry = entries_.at(key);
+    if (!evictable(entry)) {
+      // Predicted objects come last, latest first: past one ranked no later than the newcomer,
+      // none may go.
+      if (purpose == RoomFor::kPrefetch && entry.victim.standing == Standing::kPredicted &&
+          entry.rank <= rank) {
+        break;
+      }
+      continue;
+    }
+    can_free += entry.buffer->size();
+    chosen.push_back(key);
+  }
+  if (can_free < size) return false;
+  for (const ObjectKey& key : chosen) {
+    erase_entry_locked(entries_.find(key));
+    ++stats_.evictions;
+  }
+  return true;
 }
 
 void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer) {
@@ -111,39 +198,118 @@ void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer) {
     ++stats_.too_large;
     return;
   }
-  if (auto existing = index_.find(key); existing != index_.end()) {
-    stats_.bytes -= existing->second->buffer->size();
-    lru_.erase(existing->second);
-    index_.erase(existing);
+  if (auto existing = entries_.find(key); existing != entries_.end()) erase_entry_locked(existing);
+  if (!make_room_locked(size, RoomFor::kDemand, 0)) {
+    ++stats_.not_kept;
+    return;
   }
-  while (stats_.bytes + size > capacity_bytes_ && !lru_.empty()) {
-    const Entry& victim = lru_.back();
-    stats_.bytes -= victim.buffer->size();
-    index_.erase(victim.key);
-    lru_.pop_back();
-    ++stats_.evictions;
-  }
-  lru_.push_front(Entry{key, std::move(buffer)});
+  Entry entry{.buffer = std::move(buffer), .victim = {Standing::kOther, ++clock_, ++clock_}};
+  auto [it, inserted] = entries_.emplace(key, std::move(entry));
   try {
-    index_.emplace(key, lru_.begin());
+    victims_.emplace(it->second.victim, key);
   } catch (...) {
-    lru_.pop_front();  // an unindexed entry would later be evicted from bytes never counted
+    entries_.erase(it);  // an entry without a victim slot could never be evicted
     throw;
   }
   stats_.bytes += size;
 }
 
+bool ObjectCache::begin_prefetch(const ObjectKey& key, uint64_t size, uint64_t rank) {
+  std::lock_guard lock(mutex_);
+  if (size > capacity_bytes_ || entries_.contains(key) || loading_.contains(key)) return false;
+  if (!make_room_locked(size, RoomFor::kPrefetch, rank)) return false;
+  auto promise = std::make_shared<std::promise<ObjectBuffer>>();
+  Loading record;
+  record.future = promise->get_future().share();
+  record.prefetch_promise = promise;
+  record.reserved = size;
+  record.rank = rank;
+  loading_.emplace(key, std::move(record));
+  stats_.reserved_bytes += size;
+  ++stats_.prefetches;
+  ++stats_.prefetch_inflight;
+  return true;
+}
+
+void ObjectCache::finish_prefetch(const ObjectKey& key, ObjectBuffer buffer) {
+  std::shared_ptr<std::promise<ObjectBuffer>> promise;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = loading_.find(key);
+    if (it == loading_.end() || !it->second.prefetch_promise) {
+      throw std::logic_error("finish_prefetch without begin_prefetch");
+    }
+    Loading loading = std::move(it->second);
+    loading_.erase(it);
+    stats_.reserved_bytes -= loading.reserved;
+    --stats_.prefetch_inflight;
+    promise = std::move(loading.prefetch_promise);
+    const uint64_t size = buffer->size();
+    // The reservation made the room; a size other than the one reserved still must fit.
+    if (size <= loading.reserved || make_room_locked(size, RoomFor::kDemand, 0)) {
+      Entry entry{.buffer = buffer,
+                  .victim = {Standing::kPredicted, ~loading.rank, ++clock_},
+                  .rank = loading.rank,
+                  .prefetched = true};
+      auto [entry_it, inserted] = entries_.emplace(key, std::move(entry));
+      victims_.emplace(entry_it->second.victim, key);
+      stats_.bytes += size;
+      stats_.prefetched_bytes += size;
+      if (loading.joined) note_used_locked(entry_it->second);
+    } else {
+      ++stats_.not_kept;
+    }
+  }
+  promise->set_value(std::move(buffer));
+}
+
+void ObjectCache::abandon_prefetch(const ObjectKey& key, const std::string& why) {
+  std::shared_ptr<std::promise<ObjectBuffer>> promise;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = loading_.find(key);
+    if (it == loading_.end() || !it->second.prefetch_promise) return;
+    stats_.reserved_bytes -= it->second.reserved;
+    --stats_.prefetch_inflight;
+    promise = std::move(it->second.prefetch_promise);
+    loading_.erase(it);
+  }
+  promise->set_exception(std::make_exception_ptr(PrefetchAbandoned(why)));
+}
+
+void ObjectCache::mark_consumed(const ObjectKey& key) {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  note_used_locked(it->second);
+  set_standing_locked(key, it->second, Standing::kConsumed, ++clock_);
+}
+
+void ObjectCache::new_epoch() {
+  std::lock_guard lock(mutex_);
+  for (auto& [key, entry] : entries_) {
+    if (entry.victim.standing != Standing::kConsumed) continue;
+    entry.rank = kUnorderedRank;
+    set_standing_locked(key, entry, Standing::kPredicted, ~kUnorderedRank);
+  }
+}
+
 ObjectBuffer ObjectCache::peek(const ObjectKey& key) const {
   std::lock_guard lock(mutex_);
-  const auto it = index_.find(key);
-  return it == index_.end() ? nullptr : it->second->buffer;
+  const auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : it->second.buffer;
+}
+
+bool ObjectCache::present(const ObjectKey& key) const {
+  std::lock_guard lock(mutex_);
+  return entries_.contains(key) || loading_.contains(key);
 }
 
 CacheStats ObjectCache::stats() const {
   std::lock_guard lock(mutex_);
   CacheStats snapshot = stats_;
   snapshot.capacity_bytes = capacity_bytes_;
-  snapshot.entries = index_.size();
+  snapshot.entries = entries_.size();
   return snapshot;
 }
 

@@ -1,12 +1,16 @@
 #pragma once
 // A byte-bounded cache of immutable objects with single-flight loading: however many readers
-// ask for an object that is missing, it is loaded once and they all get that one result.
+// ask for an object that is missing, it is loaded once and they all get that one result. The
+// prefetch engine reserves room for objects it fetches ahead, so cached plus reserved bytes never
+// exceed the bound.
 #include <cstdint>
 #include <functional>
 #include <future>
-#include <list>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -28,16 +32,33 @@ struct ObjectKeyHash {
   size_t operator()(const ObjectKey& key) const;
 };
 
+// A prefetch was given up (Redis failed, or the data did not check out). Readers that joined it
+// load the object themselves, so they see the demand path's retries and errors.
+class PrefetchAbandoned : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct CacheStats {
   uint64_t capacity_bytes = 0;
-  uint64_t bytes = 0;  // payload bytes held now (never above capacity_bytes)
+  uint64_t bytes = 0;           // payload bytes held now
+  uint64_t reserved_bytes = 0;  // room held for prefetches in flight; bytes + reserved <= capacity
   uint64_t entries = 0;
   uint64_t hits = 0;    // found in the cache
   uint64_t misses = 0;  // loaded by the caller
-  uint64_t joined = 0;  // waited for a load another caller had started
+  uint64_t joined = 0;  // waited for a load another caller (or a prefetch) had started
   uint64_t evictions = 0;
-  uint64_t too_large = 0;  // loaded objects bigger than the whole cache, served but not kept
+  uint64_t too_large = 0;   // loaded objects bigger than the whole cache, served but not kept
+  uint64_t not_kept = 0;    // loaded while everything else was being read or fetched: not kept
+  uint64_t prefetches = 0;  // prefetches started
+  uint64_t prefetch_inflight = 0;  // prefetches started and not yet finished or abandoned
+  uint64_t prefetched_bytes = 0;   // bytes prefetches brought in
+  uint64_t used_bytes = 0;         // of those, bytes a reader asked for before they left
+  uint64_t wasted_bytes = 0;       // of those, bytes evicted before any reader asked for them
 };
+
+// How a get_many call found its objects: the worst of its keys.
+enum class ReadOutcome : uint8_t { kReady, kJoined, kMiss };
 
 class ObjectCache {
  public:
@@ -45,37 +66,87 @@ class ObjectCache {
   // order. May throw; the exception then reaches every caller waiting for those keys.
   using LoadMany = std::function<std::vector<ObjectBuffer>(std::span<const ObjectKey> keys)>;
 
+  // Predicted-use rank of objects whose order is unknown (any unread file of a shuffled epoch):
+  // later than every ordered prediction, and never evicted to make room for one another.
+  static constexpr uint64_t kUnorderedRank = uint64_t{1} << 62;
+
   explicit ObjectCache(uint64_t capacity_bytes);
   ObjectCache(const ObjectCache&) = delete;
   ObjectCache& operator=(const ObjectCache&) = delete;
 
-  // Returns the objects for `keys`, in order: cached ones at once, ones another caller is
-  // loading when that load finishes, and the rest through one call of `load` (so a caller can
-  // pipeline them). Rethrows the exception of a failed load; nothing of it is cached, so the
-  // next caller tries again.
-  std::vector<ObjectBuffer> get_many(std::span<const ObjectKey> keys, const LoadMany& load);
+  // Returns the objects for `keys`, in order: cached ones at once, ones another caller or a
+  // prefetch is loading when that load finishes, and the rest through one call of `load` (so a
+  // caller can pipeline them). Rethrows the exception of a failed load; nothing of it is cached,
+  // so the next caller tries again. `outcome`, when given, receives how the objects were found.
+  std::vector<ObjectBuffer> get_many(std::span<const ObjectKey> keys, const LoadMany& load,
+                                     ReadOutcome* outcome = nullptr);
   ObjectBuffer get(const ObjectKey& key, const std::function<ObjectBuffer()>& load);
 
   // The cached object, or nullptr; no loading, and it does not count as a hit or miss.
   ObjectBuffer peek(const ObjectKey& key) const;
+  // Cached or being loaded.
+  bool present(const ObjectKey& key) const;
+
+  // Prefetch side. begin_prefetch reserves `size` bytes for `key`, to be used at `rank` (smaller
+  // is sooner): room comes from free space, objects already read, or prefetched objects ranked
+  // later than `rank`; never from objects being read, loaded, or needed sooner. Returns false,
+  // changing nothing, when the key is cached or loading or there is no such room. After true,
+  // exactly one of finish_prefetch / abandon_prefetch must follow.
+  bool begin_prefetch(const ObjectKey& key, uint64_t size, uint64_t rank);
+  // Stores the object (its size must be the reserved size) and hands it to joined readers.
+  void finish_prefetch(const ObjectKey& key, ObjectBuffer buffer);
+  // Releases the reservation; joined readers load the object themselves.
+  void abandon_prefetch(const ObjectKey& key, const std::string& why);
+
+  // A reader has read this object to its end: the first to go when room is needed.
+  void mark_consumed(const ObjectKey& key);
+  // A new epoch: objects read in the last one are as likely as any unread object to be read
+  // again, so they stay, ranked kUnorderedRank.
+  void new_epoch();
 
   CacheStats stats() const;
   uint64_t capacity_bytes() const { return capacity_bytes_; }
 
  private:
-  struct Entry {
-    ObjectKey key;
-    ObjectBuffer buffer;
+  // Eviction order: first objects already read (oldest first), then ones fetched on demand and
+  // not yet read to their end (least recently used first), then prefetched ones, ranked latest
+  // first. A demand fetch is being read when it is stored, so it is soon consumed.
+  enum class Standing : uint8_t { kConsumed, kOther, kPredicted };
+  struct VictimOrder {
+    Standing standing;
+    uint64_t order;  // kConsumed/kOther: last use (older first); kPredicted: ~rank
+    uint64_t serial;
+    auto operator<=>(const VictimOrder&) const = default;
   };
-  using Lru = std::list<Entry>;  // front: most recently used
+  struct Entry {
+    ObjectBuffer buffer;
+    VictimOrder victim;
+    uint64_t rank = 0;
+    bool prefetched = false;
+    bool used = false;
+  };
+  struct Loading {
+    std::shared_future<ObjectBuffer> future;
+    std::shared_ptr<std::promise<ObjectBuffer>> prefetch_promise;  // set for prefetches
+    uint64_t reserved = 0;
+    uint64_t rank = 0;
+    bool joined = false;
+  };
+  enum class RoomFor : uint8_t { kPrefetch, kDemand };
 
   void insert_locked(const ObjectKey& key, ObjectBuffer buffer);
+  // Evicts until `size` more bytes fit; false (evicting nothing) when they cannot.
+  bool make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank);
+  void set_standing_locked(const ObjectKey& key, Entry& entry, Standing standing, uint64_t order);
+  void erase_entry_locked(std::unordered_map<ObjectKey, Entry, ObjectKeyHash>::iterator it);
+  void note_used_locked(Entry& entry);
 
   const uint64_t capacity_bytes_;
   mutable std::mutex mutex_;
-  Lru lru_;
-  std::unordered_map<ObjectKey, Lru::iterator, ObjectKeyHash> index_;
-  std::unordered_map<ObjectKey, std::shared_future<ObjectBuffer>, ObjectKeyHash> loading_;
+  std::unordered_map<ObjectKey, Entry, ObjectKeyHash> entries_;
+  std::map<VictimOrder, ObjectKey> victims_;  // serials are unique, so is each order
+  std::unordered_map<ObjectKey, Loading, ObjectKeyHash> loading_;
+  uint64_t clock_ = 0;  // use counter for LRU order and serials
   CacheStats stats_;
 };
 

@@ -242,8 +242,6 @@ void Connection::fail_io(std::string_view what, int error) {
   throw ConnectionError(fmt::format("{} on Redis at {}: {}", what, endpoint_.describe(), reason));
 }
 
-namespace {
-
 // Reads RESP replies from a socket: reply lines through a small staging buffer, bulk payloads
 // straight into their destination (after the few bytes that arrived with the line).
 class ReplyReader {
@@ -312,6 +310,8 @@ class ReplyReader {
   size_t len_ = 0;
 };
 
+namespace {
+
 void append_get(std::string& out, std::string_view key) {
   fmt::format_to(std::back_inserter(out), "*2\r\n$3\r\nGET\r\n${}\r\n", key.size());
   out.append(key);
@@ -335,54 +335,9 @@ std::vector<ValueReply> Connection::get_values(std::span<const std::string> keys
       for (; sent < keys.size() && sent - received < window; ++sent) {
         append_get(commands, keys[sent]);
       }
-      for (size_t written = 0; written < commands.size();) {
-        const ssize_t n =
-            ::send(ctx_->fd, commands.data() + written, commands.size() - written, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail_io("cannot send GET", n < 0 ? errno : 0);
-        written += static_cast<size_t>(n);
-      }
+      send_all(commands);
     }
-    int error = 0;
-    std::string_view header;
-    if (!reader.line(header, error)) {
-      if (error < 0) fail_io("reply line too long for GET", EPROTO);
-      fail_io("cannot read a GET reply", error);
-    }
-    ValueReply& reply = replies[received];
-    if (header.starts_with('-')) {
-      reply.kind = ValueReply::Kind::kError;
-      reply.error = std::string(header.substr(1));
-      continue;
-    }
-    long long length = -2;
-    if (header.starts_with('$')) {
-      const auto [end, ec] =
-          std::from_chars(header.data() + 1, header.data() + header.size(), length);
-      if (ec != std::errc() || end != header.data() + header.size()) length = -2;
-    }
-    if (length == -1) {
-      reply.kind = ValueReply::Kind::kNil;
-      continue;
-    }
-    if (length < 0) {
-      broken_ = true;
-      throw ConnectionError(fmt::format("unexpected reply to GET from Redis at {}: '{}'",
-                                        endpoint_.describe(), header.substr(0, 64)));
-    }
-    reply.kind = ValueReply::Kind::kValue;
-    reply.size = static_cast<size_t>(length);
-    // Uninitialized on purpose: every byte is about to be overwritten from the socket.
-    reply.bytes.reset(new char[reply.size + 2]);
-    if (!reader.read_exact(reply.bytes.get(), reply.size + 2, error)) {
-      fail_io("cannot read a GET reply", error);
-    }
-    if (reply.bytes[reply.size] != '\r' || reply.bytes[reply.size + 1] != '\n') {
-      broken_ = true;
-      throw ConnectionError(
-          fmt::format("malformed GET reply from Redis at {} (no CRLF after {} bytes)",
-                      endpoint_.describe(), reply.size));
-    }
+    read_value(reader, replies[received]);
   }
   if (!reader.drained()) {
     broken_ = true;
@@ -390,6 +345,90 @@ std::vector<ValueReply> Connection::get_values(std::span<const std::string> keys
         fmt::format("Redis at {} sent more than the GET replies asked for", endpoint_.describe()));
   }
   return replies;
+}
+
+void Connection::read_value(ReplyReader& reader, ValueReply& reply) {
+  int error = 0;
+  std::string_view header;
+  if (!reader.line(header, error)) {
+    if (error < 0) fail_io("reply line too long for GET", EPROTO);
+    fail_io("cannot read a GET reply", error);
+  }
+  if (header.starts_with('-')) {
+    reply.kind = ValueReply::Kind::kError;
+    reply.error = std::string(header.substr(1));
+    return;
+  }
+  long long length = -2;
+  if (header.starts_with('$')) {
+    const auto [end, ec] =
+        std::from_chars(header.data() + 1, header.data() + header.size(), length);
+    if (ec != std::errc() || end != header.data() + header.size()) length = -2;
+  }
+  if (length == -1) {
+    reply.kind = ValueReply::Kind::kNil;
+    return;
+  }
+  if (length < 0) {
+    broken_ = true;
+    throw ConnectionError(fmt::format("unexpected reply to GET from Redis at {}: '{}'",
+                                      endpoint_.describe(), header.substr(0, 64)));
+  }
+  reply.kind = ValueReply::Kind::kValue;
+  reply.size = static_cast<size_t>(length);
+  // Uninitialized on purpose: every byte is about to be overwritten from the socket.
+  reply.bytes.reset(new char[reply.size + 2]);
+  if (!reader.read_exact(reply.bytes.get(), reply.size + 2, error)) {
+    fail_io("cannot read a GET reply", error);
+  }
+  if (reply.bytes[reply.size] != '\r' || reply.bytes[reply.size + 1] != '\n') {
+    broken_ = true;
+    throw ConnectionError(
+        fmt::format("malformed GET reply from Redis at {} (no CRLF after {} bytes)",
+                    endpoint_.describe(), reply.size));
+  }
+}
+
+void Connection::send_all(std::string_view bytes) {
+  for (size_t written = 0; written < bytes.size();) {
+    const ssize_t n =
+        ::send(ctx_->fd, bytes.data() + written, bytes.size() - written, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail_io("cannot send GET", n < 0 ? errno : 0);
+    written += static_cast<size_t>(n);
+  }
+}
+
+GetStream::GetStream(Connection& connection) : connection_(connection) {
+  if (connection.broken_ || !connection.ctx_) {
+    throw ConnectionError(
+        fmt::format("connection to Redis at {} is broken", connection.endpoint_.describe()));
+  }
+  if (connection.pending_ != 0 || connection.ctx_->reader->pos != connection.ctx_->reader->len) {
+    throw std::logic_error("GetStream on a connection with replies still to read");
+  }
+  reader_ = std::make_unique<ReplyReader>(connection.ctx_->fd);
+}
+
+GetStream::~GetStream() {
+  // Replies still owed would be read as answers to the connection's next command.
+  if (outstanding_ != 0 || !reader_->drained()) connection_.broken_ = true;
+}
+
+void GetStream::send(std::span<const std::string> keys) {
+  if (keys.empty()) return;
+  commands_.clear();
+  for (const std::string& key : keys) append_get(commands_, key);
+  connection_.send_all(commands_);
+  outstanding_ += keys.size();
+}
+
+ValueReply GetStream::receive() {
+  if (outstanding_ == 0) throw std::logic_error("GetStream::receive with no GET outstanding");
+  ValueReply reply;
+  connection_.read_value(*reader_, reply);
+  --outstanding_;
+  return reply;
 }
 
 Reply Connection::command(std::span<const std::string_view> argv) {

@@ -16,6 +16,9 @@ struct redisReply;
 
 namespace dsfs::store {
 
+class ReplyReader;
+class GetStream;
+
 // Owns one redisReply tree (freed on destruction). Movable, not copyable.
 class Reply {
  public:
@@ -96,6 +99,9 @@ class Connection {
   const RedisEndpoint& endpoint() const { return endpoint_; }
 
  private:
+  friend class GetStream;
+  void read_value(ReplyReader& reader, ValueReply& reply);
+  void send_all(std::string_view bytes);
   [[noreturn]] void fail(std::string_view what);
   [[noreturn]] void fail_io(std::string_view what, int error);
   void handshake();
@@ -104,6 +110,28 @@ class Connection {
   std::chrono::milliseconds io_timeout_{0};
   size_t pending_ = 0;
   bool broken_ = false;
+};
+
+// A sliding window of GETs on one connection: send keys whenever there is room, take each
+// reply as soon as it arrives (in the order sent). The connection must have nothing pending;
+// dropping a stream with replies still owed marks the connection broken (they would otherwise
+// answer its next command). Failures throw ConnectionError, as Connection::get_values does.
+class GetStream {
+ public:
+  explicit GetStream(Connection& connection);
+  ~GetStream();
+  GetStream(const GetStream&) = delete;
+  GetStream& operator=(const GetStream&) = delete;
+
+  void send(std::span<const std::string> keys);
+  ValueReply receive();  // the reply to the oldest GET outstanding; blocks until it arrives
+  size_t outstanding() const { return outstanding_; }
+
+ private:
+  Connection& connection_;
+  std::unique_ptr<ReplyReader> reader_;
+  std::string commands_;
+  size_t outstanding_ = 0;
 };
 
 // Runs `commands` on `conn` with at most `window` outstanding, calling on_reply(index, reply)

@@ -1,0 +1,443 @@
+#include "prefetch/engine.h"
+
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <memory>
+#include <stdexcept>
+
+#include "src/store/errors.h"
+
+namespace dsfs::prefetch {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::string_view prefetch_mode_name(PrefetchMode mode) {
+  switch (mode) {
+    case PrefetchMode::kAuto:
+      return "auto";
+    case PrefetchMode::kPlan:
+      return "plan";
+    case PrefetchMode::kOff:
+      return "off";
+  }
+  return "?";
+}
+
+PrefetchMode parse_prefetch_mode(std::string_view text) {
+  if (text == "auto") return PrefetchMode::kAuto;
+  if (text == "plan") return PrefetchMode::kPlan;
+  if (text == "off") return PrefetchMode::kOff;
+  throw std::invalid_argument(
+      fmt::format("unknown prefetch mode '{}': use auto (predict the order), plan (follow "
+                  "MOUNT/.dsfs/plan only) or off",
+                  text));
+}
+
+// --- InflightControl ---
+
+void InflightControl::on_access(Clock::time_point now) {
+  ++rate_count_;
+  if (rate_since_ == Clock::time_point{}) {
+    rate_since_ = now;
+    return;
+  }
+  const double seconds = std::chrono::duration<double>(now - rate_since_).count();
+  if (seconds < 0.1) return;
+  const double sample = static_cast<double>(rate_count_) / seconds;
+  // A long gap (idle) is not a slow reader: start the estimate over.
+  rate_ = seconds > 2 || rate_ == 0 ? sample : 0.7 * rate_ + 0.3 * sample;
+  rate_count_ = 0;
+  rate_since_ = now;
+}
+
+void InflightControl::on_rtt_sample(std::chrono::nanoseconds sample, Clock::time_point now) {
+  if (now - period_start_ > 2s) {
+    last_period_min_ = period_min_;
+    period_min_ = sample;
+    period_start_ = now;
+  } else if (period_min_ == std::chrono::nanoseconds{0} || sample < period_min_) {
+    period_min_ = sample;
+  }
+  rtt_ = last_period_min_ == std::chrono::nanoseconds{0} ? period_min_
+                                                         : std::min(period_min_, last_period_min_);
+}
+
+void InflightControl::on_fetched() {
+  if (window_ < max_) ++window_;
+}
+
+size_t InflightControl::limit() const {
+  // Twice the bandwidth-delay product: replies also queue behind one another.
+  const double bdp = rate_ * (static_cast<double>(rtt_.count()) / 1e9);
+  const auto wanted = static_cast<size_t>(2 * bdp) + floor_;
+  return std::clamp(std::max(window_, wanted), floor_, max_);
+}
+
+// --- PrefetchEngine ---
+
+namespace {
+
+MountShape shape_of(const std::vector<DatasetSnapshot>& datasets) {
+  MountShape shape;
+  for (const DatasetSnapshot& d : datasets) {
+    if (!d.catalog) {
+      shape.is_file.emplace_back();
+      continue;
+    }
+    const catalog::Catalog& c = *d.catalog;
+    std::vector<bool> files(c.entry_count());
+    for (uint32_t e = 0; e < c.entry_count(); ++e) files[e] = !c.entry(e).is_dir;
+    shape.is_file.push_back(std::move(files));
+  }
+  return shape;
+}
+
+uint64_t mean_file_bytes(const std::vector<DatasetSnapshot>& datasets) {
+  uint64_t bytes = 0;
+  uint64_t files = 0;
+  for (const DatasetSnapshot& d : datasets) {
+    if (!d.catalog) continue;
+    bytes += d.catalog->total_bytes();
+    files += d.catalog->file_count();
+  }
+  return files == 0 ? 1 : std::max<uint64_t>(1, bytes / files);
+}
+
+}  // namespace
+
+PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
+                               const std::vector<DatasetSnapshot>& datasets,
+                               store::RedisEndpoint endpoint, bool verify, EngineOptions options)
+    : cache_(cache),
+      fetcher_(fetcher),
+      datasets_(datasets),
+      endpoint_(std::move(endpoint)),
+      verify_(verify),
+      options_(options),
+      // A file larger than an eighth of the cache would push out too much that is needed sooner.
+      max_prefetch_file_bytes_(cache.capacity_bytes() / 8),
+      model_(shape_of(datasets), options.seed),
+      inflight_(std::max<size_t>(options.connections, 1) * 2,
+                options.max_inflight != 0
+                    ? options.max_inflight
+                    : std::clamp<size_t>(cache.capacity_bytes() / 2 / mean_file_bytes(datasets),
+                                         std::max<size_t>(options.connections, 1) * 2, 8192)) {
+  options_.connections = std::max<size_t>(options_.connections, 1);
+  // The prefetcher may fill the cache but for a tenth kept for reads it did not foresee.
+  model_.set_lookahead(
+      static_cast<size_t>(cache.capacity_bytes() * 9 / 10 / mean_file_bytes(datasets)));
+}
+
+PrefetchEngine::~PrefetchEngine() {
+  stop();
+}
+
+void PrefetchEngine::start() {
+  if (options_.mode == PrefetchMode::kOff || !workers_.empty()) return;
+  stopping_ = false;
+  for (size_t i = 0; i < options_.connections; ++i) {
+    workers_.emplace_back([this, i] { fetch_loop(i); });
+  }
+}
+
+void PrefetchEngine::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
+  if (options_.mode == PrefetchMode::kOff) return;
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard lock(mutex_);
+    if (model_.observe(file_id(dataset, entry))) {
+      spdlog::debug("prefetch: epoch {} begins", model_.epochs().epoch());
+      cache_.new_epoch();
+    }
+    inflight_.on_access(now);
+    last_access_ = now;
+  }
+  work_.notify_one();
+}
+
+bool PrefetchEngine::active_locked(Clock::time_point now) const {
+  return now - last_access_ < options_.idle_pause || now - plan_written_ < options_.idle_pause;
+}
+
+std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room) {
+  std::vector<Fetch> out;
+  std::lock_guard lock(mutex_);
+  if (stopping_) return out;
+  const Clock::time_point now = Clock::now();
+  if (!active_locked(now)) {
+    if (was_active_) inflight_.on_idle();  // after a pause, ramp up again
+    was_active_ = false;
+    return out;
+  }
+  was_active_ = true;
+  const size_t limit = inflight_.limit();
+  while (out.size() < room && inflight_objects_ < limit) {
+    if (!held_) {
+      if (options_.mode == PrefetchMode::kPlan && model_.leader() != "plan") break;
+      held_ = model_.propose();
+      if (!held_) break;
+    }
+    const DatasetSnapshot& d = datasets_[dataset_of(held_->file)];
+    const uint32_t entry = entry_of(held_->file);
+    const catalog::Catalog& catalog = *d.catalog;
+    const uint64_t chunks = catalog.chunk_count(entry);
+    if (catalog.entry(entry).size > max_prefetch_file_bytes_ || (verify_ && chunks > 1)) {
+      held_.reset();  // left to the reader
+      continue;
+    }
+    // All of a file's chunks, or none: half a file ahead saves nothing.
+    std::vector<Fetch> file_fetches;
+    bool no_room = false;
+    for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
+      const ObjectKey key{.dataset = d.index,
+                          .chunk = chunk,
+                          .generation = d.generation(),
+                          .object_id = catalog.entry(entry).object_id};
+      const uint64_t length = ObjectFetcher::chunk_length(catalog, entry, chunk);
+      if (cache_.present(key)) continue;
+      if (!cache_.begin_prefetch(key, length, held_->rank)) {
+        no_room = !cache_.present(key);
+        if (no_room) break;
+        continue;
+      }
+      file_fetches.push_back(Fetch{.key = key,
+                                   .redis_key = fetcher_.chunk_key(d, entry, chunk),
+                                   .length = length,
+                                   .dataset = d.index,
+                                   .entry = entry,
+                                   .verify = verify_,
+                                   .sent = {}});
+    }
+    if (no_room) {
+      for (const Fetch& f : file_fetches) cache_.abandon_prefetch(f.key, "no room");
+      break;  // keep held_ for when room frees up
+    }
+    held_.reset();
+    for (Fetch& f : file_fetches) {
+      ++inflight_objects_;
+      inflight_bytes_ += f.length;
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
+  const DatasetSnapshot& d = datasets_[fetch.dataset];
+  if (reply.kind != store::ValueReply::Kind::kValue || reply.size != fetch.length) {
+    // The reader's own fetch reports it properly (missing key, wrong length, Redis error).
+    abandon(fetch, fmt::format("GET {} gave no value of {} bytes", fetch.redis_key, fetch.length));
+    return;
+  }
+  auto buffer = std::make_shared<const ObjectData>(std::move(reply));
+  if (fetch.verify) {
+    try {
+      fetcher_.verify_checksum(d, fetch.entry, std::span(&buffer, 1));
+    } catch (const IntegrityError& e) {
+      abandon(fetch, e.what());
+      return;
+    }
+  }
+  cache_.finish_prefetch(fetch.key, std::move(buffer));
+  std::lock_guard lock(mutex_);
+  --inflight_objects_;
+  inflight_bytes_ -= fetch.length;
+  inflight_.on_fetched();
+}
+
+void PrefetchEngine::abandon(const Fetch& fetch, const std::string& why) {
+  failures_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("prefetch of {} given up: {}", fetch.redis_key, why);
+  cache_.abandon_prefetch(fetch.key, why);
+  std::lock_guard lock(mutex_);
+  --inflight_objects_;
+  inflight_bytes_ -= fetch.length;
+}
+
+void PrefetchEngine::fetch_loop(size_t worker) {
+  std::unique_ptr<store::Connection> connection;
+  std::unique_ptr<store::GetStream> stream;
+  std::deque<Fetch> outstanding;
+  auto backoff = 50ms;
+  const auto drop_connection = [&](const std::string& why) {
+    for (const Fetch& f : outstanding) abandon(f, why);
+    outstanding.clear();
+    stream.reset();
+    connection.reset();
+  };
+  while (!stopping_) {
+    // Each connection keeps its share of the in-flight budget.
+    const size_t share = inflight_.max() / options_.connections + 1;
+    try {
+      if (outstanding.size() < share) {
+        std::vector<Fetch> batch = next_fetches(share - outstanding.size());
+        if (!batch.empty()) {
+          if (!stream) {
+            try {
+              connection = std::make_unique<store::Connection>(endpoint_, options_.connect);
+              stream = std::make_unique<store::GetStream>(*connection);
+              backoff = 50ms;
+            } catch (const std::exception& e) {
+              for (const Fetch& f : batch) abandon(f, e.what());
+              spdlog::debug("prefetch connection {}: {}", worker, e.what());
+              std::unique_lock lock(mutex_);
+              work_.wait_for(lock, backoff, [&] { return stopping_.load(); });
+              backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
+              continue;
+            }
+          }
+          std::vector<std::string> keys;
+          keys.reserve(batch.size());
+          const Clock::time_point now = Clock::now();
+          for (Fetch& f : batch) {
+            keys.push_back(f.redis_key);
+            f.sent = now;
+            outstanding.push_back(std::move(f));
+          }
+          stream->send(keys);
+          gets_.fetch_add(keys.size(), std::memory_order_relaxed);
+        }
+      }
+      if (outstanding.empty()) {
+        std::unique_lock lock(mutex_);
+        work_.wait_for(lock, 20ms, [&] { return stopping_.load(); });
+        continue;
+      }
+      store::ValueReply reply = stream->receive();
+      Fetch fetch = std::move(outstanding.front());
+      outstanding.pop_front();
+      const Clock::time_point arrived = Clock::now();
+      {
+        std::lock_guard lock(mutex_);
+        inflight_.on_rtt_sample(arrived - fetch.sent, arrived);
+      }
+      finish(fetch, std::move(reply));
+    } catch (const std::exception& e) {
+      // Redis went away or broke the stream: readers that joined these fetch for themselves.
+      spdlog::debug("prefetch connection {} failed: {}", worker, e.what());
+      drop_connection(e.what());
+    }
+  }
+  drop_connection("the mount is stopping");
+}
+
+void PrefetchEngine::resolve_plan_line(std::string_view line) {
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+  while (line.starts_with("./")) line.remove_prefix(2);
+  while (line.starts_with('/')) line.remove_prefix(1);
+  if (line.empty()) return;
+  const size_t slash = line.find('/');
+  const std::string_view name = line.substr(0, slash);
+  const std::string_view rest = slash == std::string_view::npos ? "" : line.substr(slash + 1);
+  for (const DatasetSnapshot& d : datasets_) {
+    if (d.name() != name) continue;
+    if (const std::optional<uint32_t> entry = d.catalog->find(rest);
+        entry && !d.catalog->entry(*entry).is_dir) {
+      model_.plan_append(file_id(d.index, *entry));
+      return;
+    }
+    break;
+  }
+  if (plan_unresolved_++ == 0) first_unresolved_ = std::string(line);
+}
+
+int PrefetchEngine::plan_write(uint64_t offset, std::string_view data) {
+  std::lock_guard lock(mutex_);
+  if (offset == 0 && plan_size_ != 0) {
+    // Written over from the start without truncating first: a new plan all the same.
+    model_.plan_clear();
+    plan_partial_.clear();
+    plan_size_ = 0;
+    plan_unresolved_ = 0;
+    plan_replacing_ = true;
+  }
+  if (offset != plan_size_) return EINVAL;  // only whole rewrites and appends mean anything
+  if (plan_size_ == 0) plan_replacing_ = true;
+  const uint64_t unresolved_before = plan_unresolved_;
+  plan_size_ += data.size();
+  while (!data.empty()) {
+    const size_t newline = data.find('\n');
+    if (newline == std::string_view::npos) {
+      plan_partial_.append(data);
+      break;
+    }
+    if (plan_partial_.empty()) {
+      resolve_plan_line(data.substr(0, newline));
+    } else {
+      plan_partial_.append(data.substr(0, newline));
+      resolve_plan_line(plan_partial_);
+      plan_partial_.clear();
+    }
+    data.remove_prefix(newline + 1);
+  }
+  if (plan_unresolved_ > unresolved_before && unresolved_before == 0) {
+    spdlog::warn(
+        "plan: '{}' names no file of this mount (paths are relative to the mount, "
+        "starting with the dataset name); such lines are skipped",
+        first_unresolved_);
+  }
+  model_.plan_published(plan_replacing_);
+  plan_replacing_ = false;
+  plan_written_ = Clock::now();
+  work_.notify_all();
+  return 0;
+}
+
+int PrefetchEngine::plan_truncate(uint64_t size) {
+  std::lock_guard lock(mutex_);
+  if (size == plan_size_) return 0;
+  if (size != 0) return EINVAL;
+  model_.plan_clear();
+  plan_partial_.clear();
+  plan_size_ = 0;
+  plan_unresolved_ = 0;
+  plan_replacing_ = true;
+  return 0;
+}
+
+uint64_t PrefetchEngine::plan_size() const {
+  std::lock_guard lock(mutex_);
+  return plan_size_;
+}
+
+EngineStats PrefetchEngine::stats() const {
+  std::lock_guard lock(mutex_);
+  EngineStats s;
+  s.mode = options_.mode;
+  s.leader = options_.mode == PrefetchMode::kOff ? "none" : std::string(model_.leader());
+  s.epoch = model_.epochs().epoch();
+  s.accesses = model_.accesses();
+  s.inflight_objects = inflight_objects_;
+  s.inflight_bytes = inflight_bytes_;
+  s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : inflight_.limit();
+  s.inflight_max = inflight_.max();
+  s.rtt_ms = inflight_.rtt_ms();
+  s.files_per_s = inflight_.files_per_s();
+  s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;
+  s.gets = gets_.load(std::memory_order_relaxed);
+  s.failures = failures_.load(std::memory_order_relaxed);
+  s.plan_entries = model_.plan().entries();
+  s.plan_unresolved = plan_unresolved_;
+  s.plan_position = model_.plan().position();
+  for (const PredictorScore& p : model_.scores()) {
+    s.predictors.push_back(PredictorReport{std::string(p.name), p.score, p.foreseen, p.scored});
+  }
+  return s;
+}
+
+}  // namespace dsfs::prefetch

@@ -1,0 +1,183 @@
+#pragma once
+// The prefetch engine: learns the access order from every read, predicts what comes next
+// (predictors.h) and fetches it ahead into the object cache over several Redis connections,
+// each a sliding window of pipelined GETs, storing replies as they arrive. Readers find the
+// objects ready, or join the fetch in flight; a miss is fetched by the reader itself at once
+// (object_fetcher.h), ahead of everything queued here.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "prefetch/dataset_snapshot.h"
+#include "prefetch/object_cache.h"
+#include "prefetch/object_fetcher.h"
+#include "prefetch/predictors.h"
+#include "prefetch/read_stats.h"
+#include "src/store/connection.h"
+
+namespace dsfs::prefetch {
+
+enum class PrefetchMode : uint8_t {
+  kAuto,  // predictors decide, a plan included
+  kPlan,  // only a written plan is followed
+  kOff,   // nothing is fetched ahead
+};
+std::string_view prefetch_mode_name(PrefetchMode mode);
+// Throws std::invalid_argument naming the choices.
+PrefetchMode parse_prefetch_mode(std::string_view text);
+
+struct EngineOptions {
+  PrefetchMode mode = PrefetchMode::kAuto;
+  size_t connections = 8;
+  // Most GETs in flight at once; 0: derived from the cache (room for half of it in flight).
+  size_t max_inflight = 0;
+  // Prefetching pauses when no file has been read for this long.
+  std::chrono::milliseconds idle_pause{2000};
+  store::ConnectOptions connect;
+  uint64_t seed = 0x5eed;
+};
+
+// The in-flight budget: a bandwidth-delay product from the measured round trip and the rate
+// files are read, reached by slow start and never above max. Pure logic; times are passed in.
+class InflightControl {
+ public:
+  using Clock = std::chrono::steady_clock;
+  InflightControl(size_t floor, size_t max) : floor_(floor), max_(max), window_(floor) {}
+
+  void on_access(Clock::time_point now);
+  void on_rtt_sample(std::chrono::nanoseconds sample, Clock::time_point now);
+  void on_fetched();  // slow start: one more in flight per completed prefetch
+  void on_idle() { window_ = floor_; }
+  size_t limit() const;
+
+  double rtt_ms() const { return rtt_.count() / 1e6; }
+  double files_per_s() const { return rate_; }
+  size_t max() const { return max_; }
+
+ private:
+  size_t floor_;
+  size_t max_;
+  size_t window_;
+  double rate_ = 0;  // files read per second, smoothed
+  Clock::time_point rate_since_{};
+  uint64_t rate_count_ = 0;
+  // Round trip: the smallest GET latency seen in the current and the last 2-second period
+  // (later replies of a pipeline also wait behind earlier ones).
+  std::chrono::nanoseconds rtt_{0};
+  std::chrono::nanoseconds period_min_{0};
+  std::chrono::nanoseconds last_period_min_{0};
+  Clock::time_point period_start_{};
+};
+
+struct PredictorReport {
+  std::string name;
+  double score = 0;
+  uint64_t foreseen = 0;
+  uint64_t scored = 0;
+};
+
+struct EngineStats {
+  PrefetchMode mode = PrefetchMode::kAuto;
+  std::string leader;
+  uint64_t epoch = 1;
+  uint64_t accesses = 0;
+  uint64_t inflight_objects = 0;
+  uint64_t inflight_bytes = 0;
+  uint64_t inflight_limit = 0;
+  uint64_t inflight_max = 0;
+  uint64_t lookahead_files = 0;
+  double rtt_ms = 0;
+  double files_per_s = 0;
+  size_t connections = 0;
+  uint64_t gets = 0;
+  uint64_t failures = 0;  // prefetches given up (Redis errors, bad data)
+  uint64_t plan_entries = 0;
+  uint64_t plan_unresolved = 0;
+  uint64_t plan_position = 0;
+  std::vector<PredictorReport> predictors;
+};
+
+class PrefetchEngine {
+ public:
+  // The datasets must outlive the engine. Connections and threads start with start().
+  PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
+                 const std::vector<DatasetSnapshot>& datasets, store::RedisEndpoint endpoint,
+                 bool verify, EngineOptions options);
+  ~PrefetchEngine();
+  PrefetchEngine(const PrefetchEngine&) = delete;
+  PrefetchEngine& operator=(const PrefetchEngine&) = delete;
+
+  // Starts the fetch threads (after any fork: threads do not survive one). Idempotent.
+  void start();
+  void stop();
+
+  // A reader began reading file `entry` of dataset `dataset` (a READ at offset 0).
+  void record_access(uint32_t dataset, uint32_t entry);
+
+  // MOUNT/.dsfs/plan. Writing at offset 0 replaces the plan, at its end extends it; lines are
+  // paths relative to the mount. Returns 0 or an errno for the reply.
+  int plan_write(uint64_t offset, std::string_view data);
+  int plan_truncate(uint64_t size);
+  uint64_t plan_size() const;
+
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Fetch {
+    ObjectKey key;
+    std::string redis_key;
+    uint64_t length = 0;
+    uint32_t dataset = 0;
+    uint32_t entry = 0;
+    bool verify = false;
+    std::chrono::steady_clock::time_point sent;
+  };
+  void fetch_loop(size_t worker);
+  // Up to `room` fetches the leader proposes that the cache has room for. Empty: nothing now.
+  std::vector<Fetch> next_fetches(size_t room);
+  void finish(Fetch& fetch, store::ValueReply reply);
+  void abandon(const Fetch& fetch, const std::string& why);
+  bool active_locked(std::chrono::steady_clock::time_point now) const;
+  void resolve_plan_line(std::string_view line);
+
+  ObjectCache& cache_;
+  ObjectFetcher& fetcher_;
+  const std::vector<DatasetSnapshot>& datasets_;
+  store::RedisEndpoint endpoint_;
+  const bool verify_;
+  EngineOptions options_;
+  uint64_t max_prefetch_file_bytes_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;
+  PredictionModel model_;
+  InflightControl inflight_;
+  uint64_t inflight_objects_ = 0;
+  uint64_t inflight_bytes_ = 0;
+  std::optional<Proposal> held_;  // proposed, but the cache had no room yet
+  std::vector<ObjectKey> held_keys_;
+  std::chrono::steady_clock::time_point last_access_{};
+  std::chrono::steady_clock::time_point plan_written_{};
+  bool was_active_ = false;
+  // The plan file: its size and the unfinished last line.
+  uint64_t plan_size_ = 0;
+  std::string plan_partial_;
+  bool plan_replacing_ = false;
+  uint64_t plan_unresolved_ = 0;
+  std::string first_unresolved_;
+
+  std::atomic<uint64_t> gets_{0};
+  std::atomic<uint64_t> failures_{0};
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace dsfs::prefetch
