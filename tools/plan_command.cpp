@@ -220,6 +220,12 @@ void write_plan_file(const fs::path& mount, std::string_view text, bool append) 
   const fs::path plan = mount / kPlanFile;
   PlanFd fd(::open(plan.c_str(), O_WRONLY | O_CLOEXEC | (append ? O_APPEND : O_TRUNC)));
   if (fd.get() < 0) throw std::runtime_error(plan_write_error(plan, errno));
+  // An empty plan has no write to replace the old one with, and when the kernel passes O_TRUNC
+  // along with an OPEN the mount skips, the truncation never arrives: truncate explicitly.
+  if (!append && text.empty() && ::ftruncate(fd.get(), 0) != 0) {
+    throw std::runtime_error(
+        fmt::format("cannot clear {}: {}", plan.string(), std::strerror(errno)));
+  }
   try {
     write_plan_text(fd.get(), text);
   } catch (const std::system_error& e) {
