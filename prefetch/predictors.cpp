@@ -86,11 +86,12 @@ bool OrderedPredictor::observe(FileId file) {
 }
 
 std::optional<Proposal> OrderedPredictor::propose(uint64_t now) {
-  proposed_ = std::max(proposed_, cursor_);
   const uint64_t end = std::min(length(), cursor_ + lookahead_);
   while (proposed_ < end) {
     const uint64_t p = proposed_++;
-    if (const std::optional<FileId> file = at(p)) return Proposal{*file, now + (p - cursor_)};
+    if (const std::optional<FileId> file = at(p)) {
+      return Proposal{*file, now + (p > cursor_ ? p - cursor_ : 0)};
+    }
   }
   return std::nullopt;
 }

@@ -102,7 +102,8 @@ class OrderedPredictor : public Predictor {
  public:
   bool observe(FileId file) override;
   std::optional<Proposal> propose(uint64_t now) override;
-  void restart() override { proposed_ = cursor_; }
+  // From a window behind the position: other workers' stragglers are still to be read.
+  void restart() override { proposed_ = cursor_ > window() ? cursor_ - window() : 0; }
   // Files proposed just before the epoch began were skipped as read: propose them again.
   void new_epoch() override { restart(); }
 

@@ -1,6 +1,7 @@
 // The object cache: byte bound, LRU order, single-flight loading and failure propagation.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -113,15 +114,26 @@ TEST(ObjectCache, ServesButDoesNotKeepObjectsLargerThanTheCache) {
   EXPECT_EQ(cache.stats().bytes, 0u);
 }
 
-TEST(ObjectCache, EvictedBuffersStayValidForTheirHolders) {
+// An object a reader still holds is being read: evicting it would free nothing, so the
+// newcomer is served without being kept. Once the reader lets go, it can be evicted.
+TEST(ObjectCache, ObjectsBeingReadAreNeverEvicted) {
   ObjectCache cache(100);
   CountingLoader loader{.size = 100};
   const ObjectKey a = key(1);
   const ObjectKey b = key(2);
-  const auto held = cache.get_many(std::span(&a, 1), loader.many());
-  cache.get_many(std::span(&b, 1), loader.many());  // evicts a
+  {
+    const auto held = cache.get_many(std::span(&a, 1), loader.many());
+    const auto served = cache.get_many(std::span(&b, 1), loader.many());
+    EXPECT_EQ(served[0]->bytes(), std::string(100, '2'));
+    EXPECT_NE(cache.peek(a), nullptr);
+    EXPECT_EQ(cache.peek(b), nullptr);
+    EXPECT_EQ(cache.stats().not_kept, 1u);
+    EXPECT_EQ(held[0]->bytes(), std::string(100, '1'));
+  }
+  cache.get_many(std::span(&b, 1), loader.many());  // a is no longer read: it goes
   EXPECT_EQ(cache.peek(a), nullptr);
-  EXPECT_EQ(held[0]->bytes(), std::string(100, '1'));
+  EXPECT_NE(cache.peek(b), nullptr);
+  EXPECT_LE(cache.stats().bytes, 100u);
 }
 
 TEST(ObjectCache, LoadsOnlyTheMissingKeysInOneCall) {
@@ -285,6 +297,204 @@ TEST(ObjectCache, RandomizedConcurrentUseKeepsTheBoundAndTheContents) {
   EXPECT_LE(stats.bytes, kCapacity);
   EXPECT_GT(stats.evictions, 0u);
   EXPECT_GT(stats.hits, 0u);
+}
+
+// --- prefetching: reservations, eviction order, joins ---
+
+TEST(ObjectCachePrefetch, ReservationsCountAgainstTheBound) {
+  ObjectCache cache(300);
+  EXPECT_TRUE(cache.begin_prefetch(key(1), 100, 10));
+  EXPECT_TRUE(cache.begin_prefetch(key(2), 100, 11));
+  EXPECT_TRUE(cache.begin_prefetch(key(3), 100, 12));
+  EXPECT_FALSE(cache.begin_prefetch(key(4), 100, 13));  // full of reservations
+  EXPECT_FALSE(cache.begin_prefetch(key(1), 100, 10));  // already in flight
+  CacheStats stats = cache.stats();
+  EXPECT_EQ(stats.reserved_bytes, 300u);
+  EXPECT_EQ(stats.prefetch_inflight, 3u);
+  cache.finish_prefetch(key(1), object_of(100, '1'));
+  cache.abandon_prefetch(key(2), "test");
+  stats = cache.stats();
+  EXPECT_EQ(stats.reserved_bytes, 100u);
+  EXPECT_EQ(stats.bytes, 100u);
+  EXPECT_EQ(stats.prefetch_inflight, 1u);
+  EXPECT_EQ(stats.prefetched_bytes, 100u);
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  EXPECT_FALSE(cache.present(key(2)));
+}
+
+TEST(ObjectCachePrefetch, APrefetchEvictsWhatWasReadThenWhatIsNeededLatest) {
+  ObjectCache cache(300);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    ASSERT_TRUE(cache.begin_prefetch(key(id), 100, 100 + id));
+    cache.finish_prefetch(key(id), object_of(100, char('0' + id)));
+  }
+  // Nothing read, and the newcomer is needed later than all: no room for it.
+  EXPECT_FALSE(cache.begin_prefetch(key(9), 100, 200));
+  EXPECT_EQ(cache.stats().evictions, 0u);
+  // Needed sooner than key 3 (rank 103): key 3 goes.
+  EXPECT_TRUE(cache.begin_prefetch(key(4), 100, 102));
+  EXPECT_EQ(cache.peek(key(3)), nullptr);
+  cache.finish_prefetch(key(4), object_of(100, '4'));
+  // Once key 2 is read to its end, it goes first, even for a newcomer needed latest.
+  cache.mark_consumed(key(2));
+  EXPECT_TRUE(cache.begin_prefetch(key(5), 100, 500));
+  EXPECT_EQ(cache.peek(key(2)), nullptr);
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  EXPECT_NE(cache.peek(key(4)), nullptr);
+  cache.abandon_prefetch(key(5), "test");
+  const CacheStats stats = cache.stats();
+  EXPECT_EQ(stats.wasted_bytes, 100u);  // key 3, never read
+  EXPECT_EQ(stats.used_bytes, 100u);    // key 2
+}
+
+TEST(ObjectCachePrefetch, UnorderedGuessesNeverEvictOneAnother) {
+  ObjectCache cache(200);
+  ASSERT_TRUE(cache.begin_prefetch(key(1), 100, ObjectCache::kUnorderedRank));
+  cache.finish_prefetch(key(1), object_of(100, '1'));
+  ASSERT_TRUE(cache.begin_prefetch(key(2), 100, ObjectCache::kUnorderedRank));
+  cache.finish_prefetch(key(2), object_of(100, '2'));
+  EXPECT_FALSE(cache.begin_prefetch(key(3), 100, ObjectCache::kUnorderedRank));
+  // An ordered prediction is sooner than any unordered guess.
+  EXPECT_TRUE(cache.begin_prefetch(key(3), 100, 5));
+  cache.abandon_prefetch(key(3), "test");
+}
+
+TEST(ObjectCachePrefetch, ANewEpochKeepsLastEpochsObjectsAsGuesses) {
+  ObjectCache cache(200);
+  CountingLoader loader{.size = 100};
+  for (uint64_t id = 1; id <= 2; ++id) {
+    const ObjectKey k = key(id);
+    cache.get_many(std::span(&k, 1), loader.many());
+    cache.mark_consumed(k);
+  }
+  cache.new_epoch();
+  // Read last epoch, unread in this one: as good as any unordered guess, so not displaced by one.
+  EXPECT_FALSE(cache.begin_prefetch(key(3), 100, ObjectCache::kUnorderedRank));
+  EXPECT_TRUE(cache.begin_prefetch(key(3), 100, 7));
+  cache.finish_prefetch(key(3), object_of(100, '3'));
+  EXPECT_EQ(cache.stats().entries, 2u);
+}
+
+TEST(ObjectCachePrefetch, ReadersJoinAPrefetchInFlight) {
+  ObjectCache cache(1000);
+  ASSERT_TRUE(cache.begin_prefetch(key(1), 100, 1));
+  CountingLoader loader{.size = 100};
+  ReadOutcome outcome = ReadOutcome::kReady;
+  std::thread reader([&] {
+    const ObjectKey k = key(1);
+    const auto got = cache.get_many(std::span(&k, 1), loader.many(), &outcome);
+    EXPECT_EQ(got[0]->bytes(), std::string(100, 'p'));
+  });
+  while (cache.stats().joined == 0) std::this_thread::sleep_for(1ms);
+  cache.finish_prefetch(key(1), object_of(100, 'p'));
+  reader.join();
+  EXPECT_EQ(outcome, ReadOutcome::kJoined);
+  EXPECT_EQ(loader.calls, 0);  // fetched once, by the prefetch
+  EXPECT_EQ(cache.stats().used_bytes, 100u);
+}
+
+TEST(ObjectCachePrefetch, ReadersOfAnAbandonedPrefetchLoadItThemselves) {
+  ObjectCache cache(1000);
+  ASSERT_TRUE(cache.begin_prefetch(key(1), 100, 1));
+  CountingLoader loader{.size = 100};
+  ReadOutcome outcome = ReadOutcome::kReady;
+  std::thread reader([&] {
+    const ObjectKey k = key(1);
+    const auto got = cache.get_many(std::span(&k, 1), loader.many(), &outcome);
+    EXPECT_EQ(got[0]->bytes(), std::string(100, '1'));
+  });
+  while (cache.stats().joined == 0) std::this_thread::sleep_for(1ms);
+  cache.abandon_prefetch(key(1), "Redis went away");
+  reader.join();
+  EXPECT_EQ(outcome, ReadOutcome::kMiss);
+  EXPECT_EQ(loader.calls, 1);
+  EXPECT_EQ(cache.stats().reserved_bytes, 0u);
+}
+
+TEST(ObjectCachePrefetch, ADemandLoadDoesNotFetchWhatIsAlreadyInFlight) {
+  ObjectCache cache(1000);
+  CountingLoader loader{.size = 100};
+  const ObjectKey k = key(1);
+  cache.get_many(std::span(&k, 1), loader.many());
+  EXPECT_FALSE(cache.begin_prefetch(k, 100, 1));  // cached
+  EXPECT_TRUE(cache.present(k));
+}
+
+// Readers, prefetches (finished or abandoned), consumption marks and epochs all at once: cached
+// plus reserved bytes never exceed the bound, every object read has the right bytes, each key is
+// loaded by at most one caller at a time, and an object evicted and read again is right.
+TEST(ObjectCachePrefetch, RandomizedConcurrentPrefetchAndReadsKeepTheBound) {
+  constexpr uint64_t kCapacity = 48 * 1024;
+  constexpr uint64_t kKeys = 96;
+  ObjectCache cache(kCapacity);
+  const auto size_of = [](const ObjectKey& k) { return 256 + (k.object_id * 131) % 3000; };
+  const auto bytes_of = [&](const ObjectKey& k) {
+    return std::string(size_of(k), static_cast<char>('a' + k.object_id % 26));
+  };
+  std::array<std::atomic<int>, kKeys> loading_now{};
+  std::atomic<int> wrong{0}, over{0}, doubled{0}, reads{0};
+  std::atomic<bool> done{false};
+  const auto check_bound = [&] {
+    const CacheStats s = cache.stats();
+    if (s.bytes + s.reserved_bytes > kCapacity) ++over;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {  // readers
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(77 + t);
+      for (int i = 0; i < 3000; ++i) {
+        const ObjectKey k = key(random() % kKeys);
+        const auto got = cache.get_many(std::span(&k, 1), [&](std::span<const ObjectKey> miss) {
+          std::vector<ObjectBuffer> out;
+          for (const ObjectKey& m : miss) {
+            if (loading_now[m.object_id].fetch_add(1) != 0) ++doubled;
+            out.push_back(std::make_shared<const ObjectData>(bytes_of(m)));
+            loading_now[m.object_id].fetch_sub(1);
+          }
+          return out;
+        });
+        if (got[0]->bytes() != bytes_of(k)) ++wrong;
+        ++reads;
+        if (random() % 2) cache.mark_consumed(k);
+        if (random() % 500 == 0) cache.new_epoch();
+        check_bound();
+      }
+    });
+  }
+  for (int t = 0; t < 2; ++t) {  // prefetchers
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(991 + t);
+      while (!done) {
+        const ObjectKey k = key(random() % kKeys);
+        const uint64_t rank = random() % 4 == 0 ? ObjectCache::kUnorderedRank : random() % 1000;
+        if (!cache.begin_prefetch(k, size_of(k), rank)) continue;
+        if (loading_now[k.object_id].fetch_add(1) != 0) ++doubled;
+        check_bound();
+        if (random() % 8 == 0) {
+          loading_now[k.object_id].fetch_sub(1);
+          cache.abandon_prefetch(k, "injected");
+        } else {
+          auto buffer = std::make_shared<const ObjectData>(bytes_of(k));
+          loading_now[k.object_id].fetch_sub(1);
+          cache.finish_prefetch(k, std::move(buffer));
+        }
+        check_bound();
+      }
+    });
+  }
+  for (int t = 0; t < 4; ++t) threads[t].join();
+  done = true;
+  for (size_t t = 4; t < threads.size(); ++t) threads[t].join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(over, 0);
+  EXPECT_EQ(doubled, 0);
+  const CacheStats s = cache.stats();
+  EXPECT_EQ(s.reserved_bytes, 0u);
+  EXPECT_EQ(s.prefetch_inflight, 0u);
+  EXPECT_GT(s.prefetches, 0u);
+  EXPECT_GT(s.evictions, 0u);
+  EXPECT_GT(s.joined + s.hits, 0u);
+  EXPECT_LE(s.used_bytes + s.wasted_bytes, s.prefetched_bytes);
 }
 
 }  // namespace

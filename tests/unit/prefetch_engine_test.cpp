@@ -1,0 +1,257 @@
+// The prefetch engine against a real redis-server, below FUSE: a plan is fetched ahead into the
+// cache and then served without a GET, reads stay right when objects are evicted and read again,
+// Redis going away only costs the prefetches, and the plan file's write semantics.
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "prefetch/engine.h"
+#include "prefetch/file_reader.h"
+#include "prefetch/object_cache.h"
+#include "prefetch/object_fetcher.h"
+#include "src/catalog/catalog.h"
+#include "src/catalog/keys.h"
+#include "src/store/connection.h"
+#include "src/store/pool.h"
+#include "tests/unit/support/files.h"
+#include "tests/unit/support/test_redis.h"
+
+namespace dsfs::prefetch {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kName = "pe";
+constexpr uint64_t kGeneration = 1;
+constexpr uint32_t kFiles = 300;
+constexpr uint32_t kClasses = 3;
+
+std::string file_path(uint32_t i) {
+  return fmt::format("c{}/f{:04}.bin", i % kClasses, i);
+}
+size_t file_size(uint32_t i) {
+  return 1000 + (i * 37) % 3000;
+}
+std::string file_bytes(uint32_t i) {
+  return test::pattern_bytes(file_size(i), i + 1);
+}
+
+// Waits (generously: this is not a timing assertion) until `done` holds; false if it never does.
+bool eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+class PrefetchEngineTest : public ::testing::Test {
+ protected:
+  PrefetchEngineTest() {
+    catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1 << 20);
+    for (uint32_t i = 0; i < kFiles; ++i) {
+      builder.add_file(file_path(i), file_size(i), 0, 0644, /*object_id=*/i + 1, catalog::kNoLabel,
+                       0, "");
+    }
+    DatasetSnapshot d;
+    d.info.name = kName;
+    d.info.generation = kGeneration;
+    d.info.chunk_size = 1 << 20;
+    d.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
+    datasets_.push_back(std::move(d));
+    const catalog::KeySchema keys("dsfs");
+    store::Connection conn(redis_.endpoint());
+    for (uint32_t i = 0; i < kFiles; ++i) {
+      conn.command({"SET", keys.object(kName, kGeneration, i + 1), file_bytes(i)}).expect_ok("SET");
+    }
+  }
+
+  void make_engine(uint64_t cache_bytes, PrefetchMode mode) {
+    engine_.reset();
+    reader_.reset();
+    cache_ = std::make_unique<ObjectCache>(cache_bytes);
+    reader_ = std::make_unique<FileReader>(*cache_, fetcher_, false);
+    engine_ = std::make_unique<PrefetchEngine>(
+        *cache_, fetcher_, datasets_, redis_.endpoint(), false,
+        EngineOptions{.mode = mode, .connections = 3, .connect = {.connect_timeout = 500ms}});
+    reader_->set_engine(engine_.get());
+    engine_->start();
+  }
+
+  uint32_t entry_of_file(uint32_t i) const { return *datasets_[0].catalog->find(file_path(i)); }
+
+  // Reads file i whole through the reader and checks its bytes.
+  void read_and_check(uint32_t i) {
+    const std::vector<Slice> slices = reader_->read(datasets_[0], entry_of_file(i), 0, 1 << 20);
+    std::string got;
+    for (const Slice& s : slices) got.append(s.buffer->bytes().substr(s.offset, s.length));
+    ASSERT_EQ(got, file_bytes(i)) << file_path(i);
+  }
+
+  std::string plan_text(const std::vector<uint32_t>& order) const {
+    std::string text;
+    for (const uint32_t i : order) text += fmt::format("{}/{}\n", kName, file_path(i));
+    return text;
+  }
+
+  ~PrefetchEngineTest() override {
+    engine_.reset();
+    reader_.reset();
+  }
+
+  test::TestRedisServer redis_{test::TestRedisOptions{.persist = true}};
+  std::vector<DatasetSnapshot> datasets_;
+  store::ConnectionPool pool_{redis_.endpoint(), 4};
+  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
+  std::unique_ptr<ObjectCache> cache_;
+  std::unique_ptr<FileReader> reader_;
+  std::unique_ptr<PrefetchEngine> engine_;
+};
+
+TEST_F(PrefetchEngineTest, APlanIsFetchedAheadAndServedWithoutAGet) {
+  make_engine(64 << 20, PrefetchMode::kAuto);
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(4));
+  const std::string text = plan_text(order);
+  ASSERT_EQ(engine_->plan_write(0, text), 0);
+  EXPECT_EQ(engine_->plan_size(), text.size());
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
+  const uint64_t gets_before = fetcher_.stats().gets;
+  for (const uint32_t i : order) read_and_check(i);
+  EXPECT_EQ(fetcher_.stats().gets, gets_before);  // nothing fetched on demand
+  EXPECT_EQ(reader_->stats().ready, kFiles);
+  const EngineStats stats = engine_->stats();
+  EXPECT_EQ(stats.plan_entries, kFiles);
+  EXPECT_EQ(stats.plan_position, kFiles);
+  EXPECT_EQ(stats.plan_unresolved, 0u);
+  EXPECT_EQ(cache_->stats().used_bytes, cache_->stats().prefetched_bytes);
+}
+
+TEST_F(PrefetchEngineTest, OffFetchesNothingAhead) {
+  make_engine(64 << 20, PrefetchMode::kOff);
+  ASSERT_EQ(engine_->plan_write(0, plan_text({1, 2, 3})), 0);
+  for (uint32_t i = 0; i < 50; ++i) read_and_check(i);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(cache_->stats().prefetches, 0u);
+  EXPECT_EQ(reader_->stats().miss, 50u);
+  EXPECT_EQ(engine_->stats().connections, 0u);
+}
+
+// A cache of a tenth of the dataset over several shuffled epochs: objects are evicted and read
+// again all the time, and every read returns the file's bytes; the bound holds throughout.
+TEST_F(PrefetchEngineTest, ReadsStayRightWhileASmallCacheChurns) {
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < kFiles; ++i) total += file_size(i);
+  make_engine(total / 10, PrefetchMode::kAuto);
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(epoch));
+    for (const uint32_t i : order) {
+      read_and_check(i);
+      const CacheStats c = cache_->stats();
+      ASSERT_LE(c.bytes + c.reserved_bytes, c.capacity_bytes);
+    }
+  }
+  EXPECT_GT(cache_->stats().evictions, 0u);
+  EXPECT_GE(engine_->stats().epoch, 4u);
+  EXPECT_EQ(engine_->stats().leader, "unread-set");
+}
+
+TEST_F(PrefetchEngineTest, RedisGoingAwayOnlyCostsThePrefetches) {
+  make_engine(64 << 20, PrefetchMode::kAuto);
+  redis_.stop();
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  ASSERT_EQ(engine_->plan_write(0, plan_text(order)), 0);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().failures > 0; }));
+  EXPECT_EQ(cache_->stats().entries, 0u);
+  redis_.start();
+  for (const uint32_t i : order) read_and_check(i);
+  // Nothing stays reserved for prefetches that failed.
+  EXPECT_TRUE(eventually([&] { return cache_->stats().reserved_bytes == 0; }));
+}
+
+TEST_F(PrefetchEngineTest, PlanWritesReplaceAppendAndCountUnknownPaths) {
+  make_engine(1 << 20, PrefetchMode::kAuto);
+  const std::string first = plan_text({0, 1, 2});
+  ASSERT_EQ(engine_->plan_write(0, first), 0);
+  EXPECT_EQ(engine_->stats().plan_entries, 3u);
+  // Appending: at the end, even with a line split across writes.
+  const std::string more = plan_text({3, 4});
+  ASSERT_EQ(engine_->plan_write(first.size(), more.substr(0, 7)), 0);
+  EXPECT_EQ(engine_->stats().plan_entries, 3u);
+  ASSERT_EQ(engine_->plan_write(first.size() + 7, more.substr(7)), 0);
+  EXPECT_EQ(engine_->stats().plan_entries, 5u);
+  // A hole or an overlap means nothing sensible.
+  EXPECT_EQ(engine_->plan_write(first.size() + more.size() + 10, "x\n"), EINVAL);
+  EXPECT_EQ(engine_->plan_write(3, "x\n"), EINVAL);
+  // Unknown names, directories, other datasets and blank lines: counted (blank: ignored).
+  const std::string odd = fmt::format("{}/nope.bin\n{}/c1\nother/{}\n\n./{}/{}\r\n", kName, kName,
+                                      file_path(0), kName, file_path(9));
+  ASSERT_EQ(engine_->plan_write(engine_->plan_size(), odd), 0);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 3u);
+  EXPECT_EQ(engine_->stats().plan_entries, 6u);
+  // Writing from the start again replaces it; so does truncating to 0.
+  ASSERT_EQ(engine_->plan_write(0, plan_text({7})), 0);
+  EXPECT_EQ(engine_->stats().plan_entries, 1u);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 0u);
+  EXPECT_EQ(engine_->plan_truncate(5), EINVAL);
+  EXPECT_EQ(engine_->plan_truncate(0), 0);
+  EXPECT_EQ(engine_->plan_size(), 0u);
+  EXPECT_EQ(engine_->stats().plan_entries, 0u);
+}
+
+TEST(InflightControl, SlowStartGrowsToTheBoundAndRestartsAfterIdle) {
+  InflightControl control(4, 100);
+  EXPECT_EQ(control.limit(), 4u);
+  for (int i = 0; i < 50; ++i) control.on_fetched();
+  EXPECT_EQ(control.limit(), 54u);
+  for (int i = 0; i < 500; ++i) control.on_fetched();
+  EXPECT_EQ(control.limit(), 100u);
+  control.on_idle();
+  EXPECT_EQ(control.limit(), 4u);
+}
+
+TEST(InflightControl, KeepsTheBandwidthDelayProductInFlight) {
+  using Clock = InflightControl::Clock;
+  InflightControl control(4, 10000);
+  Clock::time_point now{};
+  now += 1h;
+  // 1000 files/s for two seconds, a round trip of 100 ms: 100 files are read per round trip.
+  for (int i = 0; i < 2000; ++i) {
+    now += 1ms;
+    control.on_access(now);
+    if (i % 10 == 0) control.on_rtt_sample(100ms + std::chrono::milliseconds(i % 7), now);
+  }
+  EXPECT_NEAR(control.files_per_s(), 1000, 50);
+  EXPECT_NEAR(control.rtt_ms(), 100, 1);
+  EXPECT_GE(control.limit(), 200u);  // twice the product, plus the floor
+  EXPECT_LE(control.limit(), 230u);
+}
+
+TEST(PrefetchMode, ParsesTheThreeModesAndNamesThemInErrors) {
+  EXPECT_EQ(parse_prefetch_mode("auto"), PrefetchMode::kAuto);
+  EXPECT_EQ(parse_prefetch_mode("plan"), PrefetchMode::kPlan);
+  EXPECT_EQ(parse_prefetch_mode("off"), PrefetchMode::kOff);
+  try {
+    parse_prefetch_mode("on");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("auto"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace dsfs::prefetch
