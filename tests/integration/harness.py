@@ -80,6 +80,36 @@ def is_mounted(path):
         return any(line.split()[4] == path for line in f)
 
 
+class Proxy:
+    """`dsfs proxy` adding `rtt` (e.g. "20ms") in front of a RedisServer; stop() ends it."""
+
+    def __init__(self, workdir, redis, rtt):
+        port_file = os.path.join(workdir, f"proxy-{redis.port}-{rtt}.port")
+        self.proc = subprocess.Popen(
+            [DSFS, "proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{redis.port}",
+             "--rtt", rtt, "--port-file", port_file],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 10
+        port = ""
+        while not port:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    port = f.read().strip()
+            if not port and (self.proc.poll() is not None or time.time() > deadline):
+                self.stop()
+                raise RuntimeError(f"dsfs proxy did not start: {self.proc.stderr.read()!r}")
+            time.sleep(0.02)
+        self.port = int(port)
+        auth = f":{redis.password}@" if redis.password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc.stderr.close()
+
+
 class DsfsTestCase(unittest.TestCase):
     """Per-test temp dir, a Redis server (self.redis) and helpers to call dsfs and mount."""
 
