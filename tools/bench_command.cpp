@@ -165,6 +165,12 @@ void register_bench_command(CLI::App& app, cli::GlobalOptions& global) {
                 "before every epoch, so each epoch reads cold and later epochs measure the "
                 "filesystem rather than the page cache; the time spent dropping is not counted "
                 "(nor in --duration)");
+  sub->add_flag("--plan", state->options.plan,
+                "Before each epoch, write its whole order (paths relative to the mount, one "
+                "per line) to the dsfs mount's .dsfs/plan, replacing the plan, so the prefetch "
+                "engine fetches exactly what comes next; the mount is the nearest directory "
+                "at or above PATH holding .dsfs/stats.json (an error if none). The write "
+                "counts in the epoch's time, as a loader's sampler pays for it");
   cli::add_log_level_option(*sub, global);
   sub->callback([state, &global] {
     cli::apply_log_level(global);

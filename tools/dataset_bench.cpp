@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "tools/plan_command.h"
 #include "tools/progress.h"
 
 namespace dsfs::tools {
@@ -86,9 +87,12 @@ void drop_page_cache(const fs::path& control_file) {
 // the epoch up and prepares the next.
 class BenchRun {
  public:
-  BenchRun(const BenchOptions& options, const std::vector<BenchFile>& files)
+  BenchRun(const BenchOptions& options, const std::vector<BenchFile>& files,
+           std::optional<fs::path> mount_root, std::vector<std::string> plan_lines)
       : options_(options),
         files_(files),
+        mount_root_(std::move(mount_root)),
+        plan_lines_(std::move(plan_lines)),
         order_(files.size()),
         workers_(options.jobs),
         barrier_(static_cast<std::ptrdiff_t>(options.jobs), EpochEnd{this}) {
@@ -100,6 +104,7 @@ class BenchRun {
     start_ = Clock::now();
     epoch_start_ = start_;
     if (options_.duration) deadline_ = start_ + *options_.duration;
+    write_plan();
     {
       std::vector<std::jthread> threads;
       threads.reserve(workers_.size());
@@ -234,6 +239,7 @@ class BenchRun {
         worker.epoch_files = worker.epoch_bytes = worker.epoch_errors = 0;
       }
       epoch.figures.seconds = std::chrono::duration<double>(now - epoch_start_).count();
+      epoch.plan_seconds = plan_seconds_;
       epoch.figures.latency = summarize_latency(latency);
       epoch.complete = epoch.figures.files + epoch.figures.errors == order_.size();
       end_ = now;
@@ -267,14 +273,32 @@ class BenchRun {
         if (deadline_) *deadline_ += dropping;
       }
       epoch_start_ = Clock::now();
+      write_plan();
     } catch (...) {
       failure_ = std::current_exception();
       done_ = true;
     }
   }
 
+  // The epoch's order as paths relative to the mount, in one write that replaces the plan.
+  void write_plan() {
+    if (!mount_root_) return;
+    const Clock::time_point begin = Clock::now();
+    plan_text_.clear();
+    for (const uint32_t index : order_) {
+      plan_text_ += plan_lines_[index];
+      plan_text_ += '\n';
+    }
+    write_plan_file(*mount_root_, plan_text_, /*append=*/false);
+    plan_seconds_ = std::chrono::duration<double>(Clock::now() - begin).count();
+  }
+
   const BenchOptions& options_;
   const std::vector<BenchFile>& files_;
+  const std::optional<fs::path> mount_root_;  // set with --plan
+  const std::vector<std::string> plan_lines_;
+  std::string plan_text_;
+  double plan_seconds_ = 0;      // writing the plan of the epoch under way
   std::vector<uint32_t> order_;  // of the epoch under way
   std::vector<Worker> workers_;
   std::barrier<EpochEnd> barrier_;
@@ -502,6 +526,48 @@ std::string format_throughput(const ThroughputFigures& f) {
       f.files_per_second(), f.megabytes_per_second(), l.p50_ms, l.p90_ms, l.p99_ms, l.max_ms);
 }
 
+// ---- The plan --------------------------------------------------------------------------------
+
+fs::path find_dsfs_mount_root(const fs::path& path) {
+  std::error_code error;
+  std::vector<fs::path> starts{fs::absolute(path, error).lexically_normal()};
+  const fs::path real = fs::weakly_canonical(path, error);
+  if (!error && real != starts.front()) starts.push_back(real);
+  for (fs::path directory : starts) {
+    while (true) {
+      if (fs::is_regular_file(directory / kStatsFile, error)) return directory;
+      if (!directory.has_relative_path()) break;  // the filesystem root
+      directory = directory.parent_path();
+    }
+  }
+  throw BenchSetupError(
+      fmt::format("--plan: {} is not inside a dsfs mount (no directory above it holds {}); give a "
+                  "directory under a mount (MOUNT/NAME), or leave out --plan",
+                  path.string(), kStatsFile));
+}
+
+std::vector<std::string> plan_lines_for(const std::vector<BenchFile>& files, const fs::path& root,
+                                        const fs::path& mount_root) {
+  const auto inside = [&](const fs::path& spelling) -> std::optional<fs::path> {
+    const fs::path relative = spelling.lexically_relative(mount_root);
+    if (relative.empty() || *relative.begin() == "..") return std::nullopt;
+    return relative;
+  };
+  std::error_code error;
+  std::optional<fs::path> prefix = inside(fs::absolute(root, error).lexically_normal());
+  if (!prefix) prefix = inside(fs::weakly_canonical(root, error));
+  if (!prefix) {
+    throw BenchSetupError(fmt::format("--plan: {} is not under the dsfs mount {}", root.string(),
+                                      mount_root.string()));
+  }
+  std::vector<std::string> lines;
+  lines.reserve(files.size());
+  for (const BenchFile& file : files) {
+    lines.push_back((*prefix / file.path.lexically_relative(root)).lexically_normal().string());
+  }
+  return lines;
+}
+
 // ---- The run ---------------------------------------------------------------------------------
 
 void validate_bench_options(const BenchOptions& options) {
@@ -523,10 +589,16 @@ BenchResult run_dataset_bench(const BenchOptions& options) {
     throw BenchSetupError(fmt::format("{} files under {}: more than a bench can index; use --files",
                                       files.size(), options.root.string()));
   }
+  std::optional<fs::path> mount_root;
+  std::vector<std::string> plan_lines;
+  if (options.plan) {
+    mount_root = find_dsfs_mount_root(options.root);
+    plan_lines = plan_lines_for(files, options.root, *mount_root);
+  }
   if (options.after_listing) options.after_listing(files);
   if (options.drop_caches) drop_page_cache(options.drop_caches_file);
 
-  BenchResult result = BenchRun(options, files).run();
+  BenchResult result = BenchRun(options, files, std::move(mount_root), std::move(plan_lines)).run();
   result.listed_files = files.size();
   for (const BenchFile& file : files) result.listed_bytes += file.size;
   return result;
@@ -538,6 +610,7 @@ nlohmann::json bench_result_json(const BenchOptions& options, const BenchResult&
     nlohmann::json entry = throughput_json(epoch.figures);
     entry["epoch"] = epoch.epoch;
     entry["complete"] = epoch.complete;
+    if (options.plan) entry["plan_seconds"] = epoch.plan_seconds;
     epochs.push_back(std::move(entry));
   }
   nlohmann::json first_errors = nlohmann::json::array();
@@ -570,6 +643,7 @@ nlohmann::json bench_result_json(const BenchOptions& options, const BenchResult&
             {"duration_s", duration_s},
             {"seed", options.seed},
             {"drop_caches", options.drop_caches},
+            {"plan", options.plan},
             {"listed_files", result.listed_files},
             {"listed_bytes", result.listed_bytes}}},
           {"totals", throughput_json(result.totals)},
@@ -588,11 +662,12 @@ std::string format_bench_summary(const BenchOptions& options, const BenchResult&
     epochs_requested = "1 epoch";
   }
   std::string text = fmt::format(
-      "dsfs bench: {}: {} files ({}), pattern={} seed={}, {}, jobs={}, bs={}{}\n",
+      "dsfs bench: {}: {} files ({}), pattern={} seed={}, {}, jobs={}, bs={}{}{}\n",
       options.root.string(), format_count(result.listed_files),
       format_megabytes(result.listed_bytes), bench_pattern_name(options.pattern), options.seed,
       epochs_requested, options.jobs, format_block_size(options.block_size),
-      options.drop_caches ? ", page cache dropped before each epoch" : "");
+      options.drop_caches ? ", page cache dropped before each epoch" : "",
+      options.plan ? ", order written to the mount's plan before each epoch" : "");
   // Many short epochs (a small tree under --duration): the first and last ones tell the story.
   const size_t epoch_count = result.epochs.size();
   const size_t skip_from = epoch_count > kSummaryEpochLines ? kSummaryEpochLines / 2 : epoch_count;

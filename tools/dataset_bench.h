@@ -119,9 +119,13 @@ struct BenchOptions {
   // Stop reading once this has passed (the epoch under way is reported as incomplete).
   std::optional<std::chrono::nanoseconds> duration;
   uint64_t seed = 0;
-  // Before timing starts (after listing): sync, then write "3" here to drop the page cache.
+  // Before every epoch (untimed): sync, then write "3" here to drop the page cache.
   bool drop_caches = false;
   std::filesystem::path drop_caches_file = "/proc/sys/vm/drop_caches";
+  // Before each epoch, write its whole order to the dsfs mount's .dsfs/plan (replacing the
+  // plan), so the prefetch engine follows it exactly; the write is timed as part of the epoch,
+  // as a loader's sampler pays for it. The mount is found above `root` (find_dsfs_mount_root).
+  bool plan = false;
   // Shown while running, if set: files and bytes completed.
   Progress* progress = nullptr;
   // Polled before each file; when it becomes true the run stops as when `duration` ends (SIGINT).
@@ -133,6 +137,17 @@ struct BenchOptions {
   std::function<void(const std::vector<BenchFile>& files)> after_listing;
   std::function<void(uint64_t epoch, uint32_t file_index, bool ok)> on_file_done;
 };
+
+// The root of the dsfs mount holding `path`: the nearest directory at or above it that holds
+// .dsfs/stats.json, walking up the path as given (made absolute), then up its real path (a
+// symlink into a mount). Throws BenchSetupError when there is none.
+std::filesystem::path find_dsfs_mount_root(const std::filesystem::path& path);
+
+// The plan line of every listed file: its path relative to `mount_root`, where the listing was
+// made under `root` and `root` lies in the mount (spelt as given, or through its real path).
+std::vector<std::string> plan_lines_for(const std::vector<BenchFile>& files,
+                                        const std::filesystem::path& root,
+                                        const std::filesystem::path& mount_root);
 
 // Checks the options that need no I/O; throws std::invalid_argument naming the bad one.
 void validate_bench_options(const BenchOptions& options);
@@ -147,6 +162,7 @@ struct BenchEpoch {
   uint64_t epoch = 0;
   bool complete = false;  // every file of the epoch was attempted (not cut short by a stop)
   ThroughputFigures figures{};
+  double plan_seconds = 0;  // spent writing the plan (with --plan; included in figures.seconds)
 };
 
 // Files and bytes completed in one second of the run (second i: [i, i+1) s after the start).
@@ -167,10 +183,10 @@ struct BenchResult {
 
 inline constexpr size_t kReportedBenchErrors = 10;
 
-// Lists, optionally drops caches, then reads. A file that fails to open, read or close is
-// counted as an error (not in files or bytes), and reading goes on. Throws BenchSetupError or
-// std::invalid_argument (bad options) before anything is read, std::runtime_error if the page
-// cache cannot be dropped.
+// Lists, optionally finds the mount for --plan and drops caches, then reads. A file that fails to
+// open, read or close is counted as an error (not in files or bytes), and reading goes on. Throws
+// BenchSetupError or std::invalid_argument (bad options) before anything is read,
+// std::runtime_error if the page cache cannot be dropped or the plan cannot be written.
 BenchResult run_dataset_bench(const BenchOptions& options);
 
 // {"config":..., "totals":..., "epochs":[...], "errors":{"count","first":[...]},

@@ -187,10 +187,18 @@ class BenchTreeTest(unittest.TestCase, BenchJsonChecks):
         self.assertIn("page cache dropped before each epoch", res.stderr)
         self.assertGreaterEqual(drops() - before, 3)
 
+    def test_plan_outside_a_mount_exits_2_before_reading(self):
+        res = bench(self.root, "--plan", "--json", "-", check=False)
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertIn("--plan", res.stderr)
+        self.assertIn(self.root, res.stderr)
+        self.assertIn(".dsfs/stats.json", res.stderr)
+        self.assertEqual(res.stdout, "")
+
     def test_help_explains_the_options(self):
         res = bench("--help")
         for option in ["--pattern", "--epochs", "--jobs", "--files", "--bs", "--duration",
-                       "--seed", "--json", "--drop-caches"]:
+                       "--seed", "--json", "--drop-caches", "--plan"]:
             self.assertIn(option, res.stdout)
 
 
@@ -221,6 +229,39 @@ class BenchMountTest(DsfsTestCase, BenchJsonChecks):
         self.assertEqual(raw["totals"]["errors"], 0)
         self.assertEqual(set(raw["totals"]), set(mounted["totals"]),
                          "the raw reader's totals use dsfs bench's field names")
+
+    def test_plan_hands_the_engine_each_epochs_order(self):
+        """--plan on a real mount: the engine holds a plan of every file before each epoch,
+        resolves every line, and follows it (the plan leads, or nearly every read hits)."""
+        source = os.path.join(self.tmp, "src")
+        files = 300
+        for i in range(files):
+            path = os.path.join(source, f"class_{i % 3}", f"img_{i:04d}.bin")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(os.urandom(2000 + 37 * i))
+        self.dsfs("ingest", source, "--dataset", "ds", "--labels", "none")
+        mnt = self.mount("--timeout", "5s", "--prefetch", "auto")
+        # From a directory below the dataset too: the mount is found above PATH.
+        for root, count in ((os.path.join(mnt, "ds"), files),
+                            (os.path.join(mnt, "ds", "class_1"), files // 3)):
+            with self.subTest(root=root):
+                res = bench(root, "--pattern", "epochs", "--epochs", 2, "--jobs", 4, "--plan",
+                            "--seed", 11, "--json", "-")
+                report = json.loads(res.stdout)
+                self.assertEqual(report["totals"]["files"], 2 * count)
+                self.assertEqual(report["totals"]["errors"], 0)
+                self.assertTrue(report["config"]["plan"])
+                for epoch in report["epochs"]:
+                    self.assertGreaterEqual(epoch["plan_seconds"], 0)
+                self.assertIn("written to the mount's plan", res.stderr)
+                with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
+                    prefetch = json.load(f)["prefetch"]
+                self.assertEqual(prefetch["plan"]["entries"], count, prefetch["plan"])
+                self.assertEqual(prefetch["plan"]["unresolved"], 0, prefetch["plan"])
+                self.assertTrue(prefetch["leader"] == "plan" or
+                                prefetch["reads"]["hit_rate"] >= 0.9,
+                                f"the plan is not followed: {prefetch}")
 
     def test_raw_reader_counts_a_wrong_length_as_an_error(self):
         if not os.path.exists(RAW_READER):

@@ -470,6 +470,131 @@ TEST_F(BenchRunTest, DropCachesWritesThreeToTheControlFileBeforeEveryEpoch) {
   }
 }
 
+// --plan on a stand-in for a mount: a directory holding .dsfs/stats.json and a plain
+// .dsfs/plan file, with the files under tree/ in it.
+class BenchPlanTest : public BenchRunTest {
+ protected:
+  BenchPlanTest() {
+    write_file(mount() / ".dsfs" / "stats.json", "{}");
+    write_file(plan_file(), "stale/plan\n");
+  }
+  fs::path mount() const { return dir_.path(); }
+  fs::path plan_file() const { return mount() / ".dsfs" / "plan"; }
+
+  // What the plan must hold for `epoch`: the listed files in that epoch's order, relative to
+  // the mount, one per line.
+  std::string expected_plan(BenchPattern pattern, uint64_t epoch) {
+    const std::vector<BenchFile> files = list_bench_files(root());
+    std::string text;
+    for (const uint32_t index : epoch_order(pattern, files.size(), 5, epoch)) {
+      text += files[index].path.lexically_relative(mount()).string() + "\n";
+    }
+    return text;
+  }
+};
+
+TEST_F(BenchPlanTest, WritesEachEpochsOrderToThePlanBeforeReadingIt) {
+  for (BenchPattern pattern : {BenchPattern::kEpochs, BenchPattern::kSequential}) {
+    SCOPED_TRACE(std::string(bench_pattern_name(pattern)));
+    BenchOptions planned = options(pattern, 3, 1);
+    planned.plan = true;
+    // One reader: the first file of each epoch sees the plan written for it.
+    std::vector<std::pair<uint64_t, std::string>> seen_at_epoch_start;
+    uint64_t files_done = 0;
+    planned.on_file_done = [&](uint64_t epoch, uint32_t, bool) {
+      if (files_done++ % file_count_ == 0) {
+        seen_at_epoch_start.emplace_back(epoch, test::read_file(plan_file()));
+      }
+    };
+    const BenchResult result = run_dataset_bench(planned);
+    EXPECT_EQ(result.totals.files, file_count_ * 3);
+    ASSERT_EQ(seen_at_epoch_start.size(), 3u);
+    for (uint64_t e = 0; e < 3; ++e) {
+      EXPECT_EQ(seen_at_epoch_start[e].first, e);
+      EXPECT_EQ(seen_at_epoch_start[e].second, expected_plan(pattern, e)) << "epoch " << e;
+    }
+    EXPECT_THAT(seen_at_epoch_start[0].second, HasSubstr("tree/class_0/deeper/f0\n"));
+    const nlohmann::json json = bench_result_json(planned, result);
+    EXPECT_TRUE(json["config"]["plan"].get<bool>());
+    for (const nlohmann::json& epoch : json["epochs"]) {
+      EXPECT_GE(epoch["plan_seconds"].get<double>(), 0.0);
+      EXPECT_LE(epoch["plan_seconds"].get<double>(), epoch["seconds"].get<double>());
+    }
+    EXPECT_THAT(format_bench_summary(planned, result), HasSubstr("written to the mount's plan"));
+  }
+  // Without --plan the plan is left alone and the JSON says so.
+  write_file(plan_file(), "left/alone\n");
+  const BenchOptions unplanned = options(BenchPattern::kEpochs, 1, 2);
+  const BenchResult result = run_dataset_bench(unplanned);
+  EXPECT_EQ(test::read_file(plan_file()), "left/alone\n");
+  const nlohmann::json json = bench_result_json(unplanned, result);
+  EXPECT_FALSE(json["config"]["plan"].get<bool>());
+  EXPECT_FALSE(json["epochs"][0].contains("plan_seconds"));
+}
+
+TEST_F(BenchPlanTest, FindsTheMountAboveThePathAsGivenOrThroughASymlink) {
+  EXPECT_EQ(find_dsfs_mount_root(mount()), mount());
+  EXPECT_EQ(find_dsfs_mount_root(root() / "class_0" / "deeper"), mount());
+  // A symlink from outside into the mount: found through the real path, and the plan names
+  // the files by their place in the mount.
+  TempDir outside;
+  const fs::path link = outside.path() / "dataset";
+  fs::create_directory_symlink(root(), link);
+  EXPECT_EQ(find_dsfs_mount_root(link), mount());
+  const std::vector<BenchFile> files = list_bench_files(link);
+  const std::vector<std::string> lines = plan_lines_for(files, link, mount());
+  ASSERT_EQ(lines.size(), file_count_);
+  EXPECT_EQ(lines.front(), "tree/class_0/deeper/f0");
+  for (const std::string& line : lines) EXPECT_EQ(line.rfind("tree/class_", 0), 0u) << line;
+
+  BenchOptions planned = options(BenchPattern::kShuffle, 1, 2);
+  planned.root = link;
+  planned.plan = true;
+  run_dataset_bench(planned);
+  EXPECT_EQ(test::read_file(plan_file()), expected_plan(BenchPattern::kShuffle, 0));
+}
+
+TEST_F(BenchRunTest, PlanOutsideAMountIsASetupErrorBeforeReading) {
+  BenchOptions planned = options(BenchPattern::kEpochs, 1, 1);
+  planned.plan = true;
+  bool read_any = false;
+  planned.on_file_done = [&](uint64_t, uint32_t, bool) { read_any = true; };
+  try {
+    run_dataset_bench(planned);
+    FAIL() << "no error for --plan outside a dsfs mount";
+  } catch (const BenchSetupError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(root().string()));
+    EXPECT_THAT(e.what(), HasSubstr(".dsfs/stats.json"));
+    EXPECT_THAT(e.what(), HasSubstr("--plan"));
+  }
+  EXPECT_FALSE(read_any);
+}
+
+TEST_F(BenchPlanTest, APlanThatCannotBeWrittenStopsTheRunNamingIt) {
+  fs::remove(plan_file());  // a mount whose dsfs has no plan file
+  BenchOptions planned = options(BenchPattern::kEpochs, 2, 1);
+  planned.plan = true;
+  bool read_any = false;
+  planned.on_file_done = [&](uint64_t, uint32_t, bool) { read_any = true; };
+  try {
+    run_dataset_bench(planned);
+    FAIL() << "no error when the plan cannot be written";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(plan_file().string()));
+  }
+  EXPECT_FALSE(read_any);
+
+  // Gone between epochs: the run stops with the same error after the first epoch.
+  write_file(plan_file(), "");
+  planned.on_file_done = [&](uint64_t, uint32_t, bool) { fs::remove(plan_file()); };
+  try {
+    run_dataset_bench(planned);
+    FAIL() << "no error when the plan cannot be written between epochs";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(plan_file().string()));
+  }
+}
+
 TEST_F(BenchRunTest, BadOptionsAreRefusedBeforeReading) {
   BenchOptions bad = options(BenchPattern::kSequential, 1, 0);
   EXPECT_THROW(run_dataset_bench(bad), std::invalid_argument);
