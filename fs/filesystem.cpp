@@ -568,6 +568,9 @@ struct Handlers {
     fs.no_open_ = (conn->want & FUSE_CAP_NO_OPEN_SUPPORT) != 0;
     // Data never changes under a mount, so there is nothing to invalidate on attribute changes.
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+    // O_TRUNC must arrive as a SETATTR: with atomic O_TRUNC it would ride on the OPEN the
+    // kernel no longer sends, and `: > .dsfs/plan` would not clear the plan.
+    conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
     conn->time_gran = 1;
   }
 

@@ -158,6 +158,7 @@ void PrefetchEngine::stop() {
 void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
   if (options_.mode == PrefetchMode::kOff) return;
   const Clock::time_point now = Clock::now();
+  bool wake = false;
   {
     std::lock_guard lock(mutex_);
     if (model_.observe(file_id(dataset, entry))) {
@@ -166,8 +167,15 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     }
     inflight_.on_access(now);
     last_access_ = now;
+    // A read frees room for one more prefetch. Workers with GETs in flight take more work as
+    // their replies come; idle ones are woken at most every millisecond, not on every read (a
+    // wake-up per read would cost a context switch per file on a warm cache).
+    if (idle_workers_ > 0 && now - last_wakeup_ > 1ms) {
+      last_wakeup_ = now;
+      wake = true;
+    }
   }
-  work_.notify_one();
+  if (wake) work_.notify_one();
 }
 
 bool PrefetchEngine::active_locked(Clock::time_point now) const {
@@ -315,7 +323,9 @@ void PrefetchEngine::fetch_loop(size_t worker) {
       }
       if (outstanding.empty()) {
         std::unique_lock lock(mutex_);
+        ++idle_workers_;
         work_.wait_for(lock, 20ms, [&] { return stopping_.load(); });
+        --idle_workers_;
         continue;
       }
       store::ValueReply reply = stream->receive();

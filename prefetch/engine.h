@@ -167,6 +167,8 @@ class PrefetchEngine {
   std::chrono::steady_clock::time_point last_access_{};
   std::chrono::steady_clock::time_point plan_written_{};
   bool was_active_ = false;
+  size_t idle_workers_ = 0;  // workers waiting for work with nothing in flight
+  std::chrono::steady_clock::time_point last_wakeup_{};
   // The plan file: its size and the unfinished last line.
   uint64_t plan_size_ = 0;
   std::string plan_partial_;

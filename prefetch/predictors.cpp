@@ -121,10 +121,15 @@ std::optional<FileId> SequentialPredictor::at(uint64_t position) const {
 // --- RepeatPredictor ---
 
 RepeatPredictor::RepeatPredictor(const MountShape& shape) {
-  for (const auto& files : shape.is_file) position_.emplace_back(files.size(), kNone);
+  for (const auto& files : shape.is_file) {
+    position_.emplace_back(files.size(), kNone);
+    position_capacity_ += files.size();
+  }
 }
 
 bool RepeatPredictor::observe(FileId file) {
+  // An epoch that never ends (a reader of a subset, forever) must not grow this without bound.
+  if (current_.size() >= 2 * position_capacity_ + EpochTracker::kWindow) current_.clear();
   current_.push_back(file);
   return OrderedPredictor::observe(file);
 }

@@ -153,6 +153,7 @@ class RepeatPredictor final : public OrderedPredictor {
   std::vector<FileId> current_;
   std::vector<FileId> previous_;
   std::vector<std::vector<uint32_t>> position_;  // [dataset][entry] in previous_, or kNone
+  size_t position_capacity_ = 0;                 // entries of all datasets
   static constexpr uint32_t kNone = UINT32_MAX;
 };
 

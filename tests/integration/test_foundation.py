@@ -151,6 +151,11 @@ class IngestMountTest(DsfsTestCase):
         run(["diff", "-r", SOURCE, self.ds])
 
     def test_redis_outage_gives_eio_then_recovers(self):
+        # Without prefetching: reading files[0] would otherwise fetch files[1] ahead, and a file
+        # already in the cache is served while Redis is away (test_prefetch covers that).
+        self.umount(self.mnt)
+        self.mnt = self.mount("--timeout", "3s", "--prefetch", "off")
+        self.ds = os.path.join(self.mnt, "imgs")
         files = sorted(files_under(self.ds).values())
         with open(files[0], "rb") as f:
             f.read()

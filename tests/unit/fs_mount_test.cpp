@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -113,6 +114,9 @@ class MountTest : public ::testing::Test {
     options.filesystem.timeout = 2s;
     options.filesystem.verify = verify;
     options.filesystem.connections = 4;
+    // These tests count requests and take Redis away under single reads: nothing may be
+    // fetched ahead of them (test_prefetch.py and prefetch_engine_test cover prefetching).
+    options.filesystem.prefetch = prefetch::PrefetchMode::kOff;
     return std::make_unique<Mount>(redis_->endpoint(), snapshots_, options);
   }
 
@@ -181,7 +185,7 @@ TEST_F(MountTest, RootListsDatasetsAndTheVirtualDirectories) {
   EXPECT_EQ(list_dir(mnt() / ".meta"), (std::set<std::string>{kDataset}));
   EXPECT_EQ(list_dir(mnt() / ".meta" / kDataset),
             (std::set<std::string>{"info.json", "classes.txt", "labels.csv", "metadata.jsonl"}));
-  EXPECT_EQ(list_dir(mnt() / ".dsfs"), (std::set<std::string>{"stats.json"}));
+  EXPECT_EQ(list_dir(mnt() / ".dsfs"), (std::set<std::string>{"plan", "stats.json"}));
 }
 
 TEST_F(MountTest, DatasetTreeIsExactlyTheIngestedOne) {
@@ -347,7 +351,17 @@ TEST_F(MountTest, FilesCarryLabelClassAndMetadataXattrs) {
 
 TEST_F(MountTest, ChangesAreRefusedWithEROFS) {
   const stdfs::path file = data() / "cats/c1.jpg";
-  EXPECT_EQ(::open(file.c_str(), O_WRONLY), -1);
+  // The kernel no longer asks on open (no OPEN requests) and the mount is not `ro` (.dsfs/plan
+  // takes writes), so root may get a writable descriptor: every write through it is refused.
+  const int fd = ::open(file.c_str(), O_WRONLY);
+  if (fd >= 0) {
+    EXPECT_EQ(::write(fd, "x", 1), -1);
+    EXPECT_EQ(errno, EROFS);
+    ::close(fd);
+  } else {
+    EXPECT_EQ(errno, EROFS);
+  }
+  EXPECT_EQ(::open(file.c_str(), O_WRONLY | O_TRUNC), -1);
   EXPECT_EQ(errno, EROFS);
   EXPECT_EQ(::open((data() / "cats/new.jpg").c_str(), O_WRONLY | O_CREAT, 0644), -1);
   EXPECT_EQ(errno, EROFS);
@@ -451,6 +465,51 @@ TEST_F(MountTest, EveryOpenOfStatsJsonIsAFreshWholeSnapshot) {
     EXPECT_GT(lookups, last_lookups);  // this open's own lookup is counted in its snapshot
     last_lookups = lookups;
   }
+}
+
+// .dsfs/plan is the mount's one writable file: O_TRUNC replaces the plan, O_APPEND extends it,
+// and it reads back empty (stats.json says what it holds). Everything else stays EROFS.
+TEST_F(MountTest, ThePlanTakesWritesAndNothingElseDoes) {
+  const stdfs::path plan = mnt() / ".dsfs" / "plan";
+  struct stat st {};
+  ASSERT_EQ(::stat(plan.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0200u);
+  const auto write_plan = [&](int flags, const std::string& text) {
+    const int fd = ::open(plan.c_str(), O_WRONLY | flags);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    EXPECT_EQ(::close(fd), 0);
+  };
+  const std::string prefix = std::string(kDataset) + "/";
+  write_plan(O_TRUNC, prefix + "later/l0.bin\n" + prefix + "later/l1.bin\n");
+  EXPECT_EQ(stats()["prefetch"]["plan"]["entries"], 2);
+  write_plan(O_APPEND, prefix + "later/l0.bin\nno/such/file\n");
+  EXPECT_EQ(stats()["prefetch"]["plan"]["entries"], 3);
+  EXPECT_EQ(stats()["prefetch"]["plan"]["unresolved"], 1);
+  ASSERT_EQ(::stat(plan.c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 0);
+  EXPECT_EQ(test::read_file(plan), "");
+  write_plan(O_TRUNC, prefix + "later/l1.bin\n");
+  EXPECT_EQ(stats()["prefetch"]["plan"]["entries"], 1);
+  EXPECT_EQ(stats()["prefetch"]["plan"]["unresolved"], 0);
+  EXPECT_EQ(::truncate(plan.c_str(), 0), 0);
+  EXPECT_EQ(stats()["prefetch"]["plan"]["entries"], 0);
+  // O_TRUNC alone clears it too (`: > plan`): it must reach the mount although OPEN does not.
+  write_plan(O_TRUNC, prefix + "later/l1.bin\n");
+  EXPECT_EQ(stats()["prefetch"]["plan"]["entries"], 1);
+  write_plan(O_TRUNC, "");
+  EXPECT_EQ(stats()["prefetch"]["plan"]["entries"], 0);
+  // Still read-only everywhere else, .dsfs included.
+  const int created = ::open((mnt() / ".dsfs" / "other").c_str(), O_WRONLY | O_CREAT, 0644);
+  const int create_errno = errno;
+  if (created >= 0) ::close(created);  // an fd left open would keep the mount from unmounting
+  EXPECT_EQ(created, -1);
+  EXPECT_EQ(create_errno, EROFS);
+  EXPECT_EQ(::truncate((mnt() / ".dsfs" / "stats.json").c_str(), 0), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::truncate((data() / "later/l0.bin").c_str(), 0), -1);
+  EXPECT_EQ(errno, EROFS);
 }
 
 // Last: takes Redis away and brings it back.
