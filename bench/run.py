@@ -11,123 +11,22 @@ bench/results/NAME.json, NAME-cases.png, NAME-rtt.png and (unless --quick or --n
 generated section of docs/benchmarks.md. Needs root (mounts, drop_caches).
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import shutil
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import (REPO, Proxy, RedisServer, drop_caches, fs_type, log, machine_info, median,
+                    run, synth_dataset, tree_info, update_docs_section)
+
 H100_SAMPLES_PER_S = 1786  # MLPerf Storage ResNet-50: one H100 at full speed
 UTILIZATION_BAR = 0.9
 JOBS = 8
 DOCS_START = "<!-- bench/run.py read_path: start -->"
 DOCS_END = "<!-- bench/run.py read_path: end -->"
-
-
-def log(msg):
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def run(args, env=None, check=True, capture=True, timeout=3600):
-    res = subprocess.run([str(a) for a in args], env=env, timeout=timeout, text=True,
-                         stdout=subprocess.PIPE if capture else None,
-                         stderr=subprocess.PIPE if capture else None)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"command failed ({res.returncode}): {' '.join(map(str, args))}\n"
-                           f"{res.stdout or ''}\n{res.stderr or ''}")
-    return res
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def median(values):
-    return statistics.median(values) if values else 0.0
-
-
-def machine_info():
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        mem_kb = int(f.readline().split()[1])
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem_kb / 2**20, 1),
-            "kernel": platform.release(), "date": datetime.date.today().isoformat()}
-
-
-class RedisServer:
-    """A private redis-server on a unix socket (no persistence), stopped by close()."""
-
-    def __init__(self, workdir):
-        self.sock = os.path.join(workdir, "redis.sock")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", workdir,
-             "--logfile", os.path.join(workdir, "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_socket(self.sock, self.proc, "redis-server")
-
-    @property
-    def url(self):
-        return f"unix://{self.sock}"
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-
-def wait_for_socket(path, proc, what, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before listening on {path}")
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(path)
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {path} within {timeout} s")
-
-
-class Proxy:
-    """`dsfs proxy` from a unix socket to Redis's, adding `rtt_ms`."""
-
-    def __init__(self, dsfs, workdir, upstream_sock, rtt_ms):
-        self.sock = os.path.join(workdir, f"proxy-{rtt_ms}.sock")
-        # Real-time priority keeps releases on time on a busy machine; at 0-1 ms it would
-        # only cost throughput (bench/proxy_accuracy.py).
-        realtime = ["--realtime"] if rtt_ms >= 10 and os.geteuid() == 0 else []
-        self.proc = subprocess.Popen(
-            [dsfs, "proxy", "--listen", f"unix:{self.sock}", "--upstream",
-             f"unix:{upstream_sock}", "--rtt", f"{rtt_ms}ms", *realtime],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "proxy.log"), "a"))
-        wait_for_socket(self.sock, self.proc, "dsfs proxy")
-
-    @property
-    def url(self):
-        return f"unix://{self.sock}"
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=30)
 
 
 class Bench:
@@ -151,25 +50,8 @@ class Bench:
 
     def dataset(self):
         """The synthetic dataset in tmpfs, reused when a complete one with these settings exists."""
-        classes = max(1, self.args.files // 200) if self.args.files >= 200 else 1
-        per_class = max(1, self.args.files // classes)
-        root = os.path.join(self.args.data_dir, f"synth-{classes}x{per_class}")
-        marker = os.path.join(root, ".complete")
-        if not os.path.exists(marker):
-            shutil.rmtree(root, ignore_errors=True)
-            log(f"synthesizing {classes} classes x {per_class} images into {root} (tmpfs)")
-            run([self.dsfs, "synth", os.path.join(root, "data"), "--classes", classes,
-                 "--per-class", per_class, "--seed", "1"], capture=False)
-            open(marker, "w").close()
-        data = os.path.join(root, "data")
-        files = sizes = 0
-        for dirpath, _, names in os.walk(data):
-            for n in names:
-                files += 1
-                sizes += os.path.getsize(os.path.join(dirpath, n))
-        self.results["dataset"] = {"path": data, "files": files, "bytes": sizes,
-                                   "mean_file_bytes": sizes // max(files, 1),
-                                   "filesystem": fs_type(data)}
+        data, _ = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
+        self.results["dataset"] = tree_info(data)
         return data
 
     def start(self):
@@ -424,11 +306,6 @@ class Bench:
         self.results["h100s_fed_at_90pct"] = fed
 
 
-def fs_type(path):
-    res = run(["stat", "-f", "-c", "%T", path], check=False)
-    return res.stdout.strip()
-
-
 def count_files(report):
     """Files fio read: its jobs each read one class directory, every file once."""
     total = 0
@@ -618,18 +495,8 @@ def markdown(results, name):
 
 
 def update_docs(text):
-    path = os.path.join(REPO, "docs", "benchmarks.md")
-    with open(path) as f:
-        doc = f.read()
-    if DOCS_START in doc and DOCS_END in doc:
-        head = doc[:doc.index(DOCS_START)]
-        tail = doc[doc.index(DOCS_END) + len(DOCS_END):]
-        doc = head + text + tail
-    else:
-        doc = doc.rstrip("\n") + "\n\n## Read path, without prefetching (`bench/run.sh`)\n\n" + \
-            text + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
+    update_docs_section(DOCS_START, DOCS_END, "## Read path, without prefetching (`bench/run.sh`)",
+                        text)
 
 
 def main():

@@ -1,0 +1,205 @@
+"""Helpers the benchmark scripts share: running commands, a private redis-server, `dsfs proxy`,
+the synthetic dataset in tmpfs, the mount daemon's /proc figures and the generated sections of
+docs/benchmarks.md."""
+import datetime
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(args, env=None, check=True, capture=True, timeout=3600):
+    res = subprocess.run([str(a) for a in args], env=env, timeout=timeout, text=True,
+                         stdout=subprocess.PIPE if capture else None,
+                         stderr=subprocess.PIPE if capture else None)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"command failed ({res.returncode}): {' '.join(map(str, args))}\n"
+                           f"{res.stdout or ''}\n{res.stderr or ''}")
+    return res
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def median(values):
+    return statistics.median(values) if values else 0.0
+
+
+def machine_info():
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem_kb / 2**20, 1),
+            "kernel": platform.release(), "date": datetime.date.today().isoformat()}
+
+
+def load_average():
+    """The 1-minute load average (other work on a shared machine skews figures)."""
+    return os.getloadavg()[0]
+
+
+def fs_type(path):
+    res = run(["stat", "-f", "-c", "%T", path], check=False)
+    return res.stdout.strip()
+
+
+def wait_for_socket(path, proc, what, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before listening on {path}")
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {path} within {timeout} s")
+
+
+class RedisServer:
+    """A private redis-server on a unix socket (no persistence), stopped by close()."""
+
+    def __init__(self, workdir):
+        self.sock = os.path.join(workdir, "redis.sock")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
+             "--save", "", "--appendonly", "no", "--dir", workdir,
+             "--logfile", os.path.join(workdir, "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_socket(self.sock, self.proc, "redis-server")
+
+    @property
+    def url(self):
+        return f"unix://{self.sock}"
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+class Proxy:
+    """`dsfs proxy` from a unix socket to Redis's, adding `rtt_ms`."""
+
+    def __init__(self, dsfs, workdir, upstream_sock, rtt_ms):
+        self.sock = os.path.join(workdir, f"proxy-{rtt_ms}.sock")
+        # Real-time priority keeps releases on time on a busy machine; at 0-1 ms it would
+        # only cost throughput (bench/proxy_accuracy.py).
+        realtime = ["--realtime"] if rtt_ms >= 10 and os.geteuid() == 0 else []
+        with open(os.path.join(workdir, "proxy.log"), "a") as log_file:
+            self.proc = subprocess.Popen(
+                [dsfs, "proxy", "--listen", f"unix:{self.sock}", "--upstream",
+                 f"unix:{upstream_sock}", "--rtt", f"{rtt_ms}ms", *realtime],
+                stdout=subprocess.DEVNULL, stderr=log_file)
+        wait_for_socket(self.sock, self.proc, "dsfs proxy")
+
+    @property
+    def url(self):
+        return f"unix://{self.sock}"
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+
+def synth_dataset(dsfs, data_dir, files):
+    """An ImageNet-like synthetic dataset of about `files` JPEGs under `data_dir` (tmpfs), reused
+    when a complete one with these settings exists. Returns (root of the data, whether this call
+    created it)."""
+    classes = max(1, files // 200) if files >= 200 else 1
+    per_class = max(1, files // classes)
+    root = os.path.join(data_dir, f"synth-{classes}x{per_class}")
+    marker = os.path.join(root, ".complete")
+    created = False
+    if not os.path.exists(marker):
+        shutil.rmtree(root, ignore_errors=True)
+        log(f"synthesizing {classes} classes x {per_class} images into {root} (tmpfs)")
+        try:
+            run([dsfs, "synth", os.path.join(root, "data"), "--classes", classes,
+                 "--per-class", per_class, "--seed", "1"], capture=False)
+        except BaseException:  # Ctrl-C included: leave no half-written dataset in memory
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        open(marker, "w").close()
+        created = True
+    return os.path.join(root, "data"), created
+
+
+def tree_info(data):
+    """{"path", "files", "bytes", "mean_file_bytes", "filesystem"} of a directory tree."""
+    files = sizes = 0
+    for dirpath, _, names in os.walk(data):
+        for n in names:
+            files += 1
+            sizes += os.path.getsize(os.path.join(dirpath, n))
+    return {"path": data, "files": files, "bytes": sizes,
+            "mean_file_bytes": sizes // max(files, 1), "filesystem": fs_type(data)}
+
+
+def mount_daemon_pid(mountpoint):
+    """The pid of the `dsfs mount MOUNTPOINT` daemon serving it, or None."""
+    mountpoint = os.path.abspath(mountpoint)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        if "mount" in argv and mountpoint in argv[argv.index("mount") + 1:]:
+            return int(entry)
+    return None
+
+
+def process_usage(pid):
+    """{"rss_bytes", "hwm_bytes", "cpu_s"} of a live process: VmRSS and VmHWM from
+    /proc/PID/status, user + system CPU seconds from /proc/PID/stat."""
+    usage = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                usage["rss_bytes" if key == "VmRSS" else "hwm_bytes"] = int(value.split()[0]) * 1024
+    with open(f"/proc/{pid}/stat") as f:
+        # Fields after the command name (which may hold spaces) start at state, field 3.
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    usage["cpu_s"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return usage
+
+
+def update_docs_section(start_marker, end_marker, heading, text):
+    """Replaces the text between the markers in docs/benchmarks.md (`text` includes them), or
+    appends `heading` and `text` when the markers are not there yet."""
+    path = os.path.join(REPO, "docs", "benchmarks.md")
+    with open(path) as f:
+        doc = f.read()
+    if start_marker in doc and end_marker in doc:
+        head = doc[:doc.index(start_marker)]
+        tail = doc[doc.index(end_marker) + len(end_marker):]
+        doc = head + text + tail
+    else:
+        doc = doc.rstrip("\n") + f"\n\n{heading}\n\n" + text + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
