@@ -34,9 +34,9 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
   // and checks them all. Afterwards only the needed chunks, each checked against its digest.
   const std::shared_ptr<const Digests> digests =
       verify_ && chunk_count > 1 ? verified_digests(dataset.index, entry) : nullptr;
-  const bool whole = verify_ && !digests;
-  const uint32_t first = whole ? 0 : first_needed;
-  const uint32_t last = whole ? static_cast<uint32_t>(chunk_count - 1) : last_needed;
+  const bool whole_file_check = verify_ && !digests;
+  const uint32_t first = whole_file_check ? 0 : first_needed;
+  const uint32_t last = whole_file_check ? static_cast<uint32_t>(chunk_count - 1) : last_needed;
 
   std::vector<ObjectKey> keys;
   keys.reserve(last - first + 1);
@@ -47,6 +47,9 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
                              .object_id = file.object_id});
   }
 
+  // This read takes every chunk it asks for whole (the usual image: one READ of 1 MiB).
+  const bool whole = !whole_file_check && offset == uint64_t{first} * chunk_size &&
+                     (end == file.size || end % chunk_size == 0);
   ReadOutcome outcome = ReadOutcome::kReady;
   const auto started = std::chrono::steady_clock::now();
   const std::vector<ObjectBuffer> buffers = cache_.get_many(
@@ -83,7 +86,7 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
         for (const uint32_t chunk : wanted) result.push_back(all_chunks[chunk]);
         return result;
       },
-      &outcome);
+      &outcome, whole);
   stats_.record(outcome, outcome == ReadOutcome::kReady
                              ? std::chrono::nanoseconds{0}
                              : std::chrono::steady_clock::now() - started);

@@ -23,7 +23,8 @@ ObjectBuffer ObjectCache::get(const ObjectKey& key, const std::function<ObjectBu
 }
 
 std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
-                                                const LoadMany& load, ReadOutcome* outcome) {
+                                                const LoadMany& load, ReadOutcome* outcome,
+                                                bool read_whole) {
   std::vector<ObjectBuffer> result(keys.size());
   std::vector<ObjectKey> to_load;
   std::vector<size_t> to_load_positions;
@@ -101,7 +102,7 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
       for (const ObjectKey& key : to_load) loading_.erase(key);
       for (size_t j = 0; j < to_load.size(); ++j) {
         try {
-          insert_locked(to_load[j], loaded[j]);
+          insert_locked(to_load[j], loaded[j], read_whole);
         } catch (const std::bad_alloc&) {
           // Served all the same, just not kept.
         }
@@ -120,7 +121,8 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
     } catch (const PrefetchAbandoned&) {
       // The prefetch we joined gave up: load it ourselves, with the demand path's retries.
       if (outcome) *outcome = ReadOutcome::kMiss;
-      result[position] = std::move(get_many(keys.subspan(position, 1), load).front());
+      result[position] =
+          std::move(get_many(keys.subspan(position, 1), load, nullptr, read_whole).front());
     }
   }
   return result;
@@ -160,9 +162,9 @@ bool ObjectCache::make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank
       case Standing::kConsumed:
         return true;
       case Standing::kPredicted:
-        return purpose == RoomFor::kDemand || entry.rank > rank;
+        return purpose == RoomFor::kDemand || (purpose == RoomFor::kPrefetch && entry.rank > rank);
       case Standing::kOther:
-        return purpose == RoomFor::kDemand;
+        return purpose != RoomFor::kPrefetch;
     }
     return false;
   };
@@ -192,14 +194,14 @@ bool ObjectCache::make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank
   return true;
 }
 
-void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer) {
+void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool read_whole) {
   const uint64_t size = buffer->size();
   if (size > capacity_bytes_) {
     ++stats_.too_large;
     return;
   }
   if (auto existing = entries_.find(key); existing != entries_.end()) erase_entry_locked(existing);
-  if (!make_room_locked(size, RoomFor::kDemand, 0)) {
+  if (!make_room_locked(size, read_whole ? RoomFor::kReadOnce : RoomFor::kDemand, 0)) {
     ++stats_.not_kept;
     return;
   }

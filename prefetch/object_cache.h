@@ -78,8 +78,11 @@ class ObjectCache {
   // prefetch is loading when that load finishes, and the rest through one call of `load` (so a
   // caller can pipeline them). Rethrows the exception of a failed load; nothing of it is cached,
   // so the next caller tries again. `outcome`, when given, receives how the objects were found.
+  // `read_whole`: the caller reads every object it loads to its end at once, so one that finds
+  // the cache full of predicted objects is served without being kept: it would only displace
+  // an object still to be read.
   std::vector<ObjectBuffer> get_many(std::span<const ObjectKey> keys, const LoadMany& load,
-                                     ReadOutcome* outcome = nullptr);
+                                     ReadOutcome* outcome = nullptr, bool read_whole = false);
   ObjectBuffer get(const ObjectKey& key, const std::function<ObjectBuffer()>& load);
 
   // The cached object, or nullptr; no loading, and it does not count as a hit or miss.
@@ -132,9 +135,10 @@ class ObjectCache {
     uint64_t rank = 0;
     bool joined = false;
   };
-  enum class RoomFor : uint8_t { kPrefetch, kDemand };
+  // kDemand may evict anything not being read; kReadOnce only what is read or unpredicted.
+  enum class RoomFor : uint8_t { kPrefetch, kDemand, kReadOnce };
 
-  void insert_locked(const ObjectKey& key, ObjectBuffer buffer);
+  void insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool read_whole);
   // Evicts until `size` more bytes fit; false (evicting nothing) when they cannot.
   bool make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank);
   void set_standing_locked(const ObjectKey& key, Entry& entry, Standing standing, uint64_t order);

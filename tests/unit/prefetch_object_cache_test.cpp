@@ -375,6 +375,29 @@ TEST(ObjectCachePrefetch, ANewEpochKeepsLastEpochsObjectsAsGuesses) {
   EXPECT_EQ(cache.stats().entries, 2u);
 }
 
+// A miss read whole at once (the usual image) is consumed as soon as it is served: keeping it
+// by evicting a prefetched object still to be read would turn that object's read into a miss.
+TEST(ObjectCachePrefetch, AMissReadWholeNeverDisplacesAPrefetchedObject) {
+  ObjectCache cache(200);
+  for (uint64_t id = 1; id <= 2; ++id) {
+    ASSERT_TRUE(cache.begin_prefetch(key(id), 100, ObjectCache::kUnorderedRank));
+    cache.finish_prefetch(key(id), object_of(100, char('0' + id)));
+  }
+  CountingLoader loader{.size = 100};
+  const ObjectKey miss = key(3);
+  const auto served = cache.get_many(std::span(&miss, 1), loader.many(), nullptr, true);
+  EXPECT_EQ(served[0]->bytes(), std::string(100, '3'));
+  EXPECT_EQ(cache.peek(miss), nullptr);
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  EXPECT_NE(cache.peek(key(2)), nullptr);
+  EXPECT_EQ(cache.stats().not_kept, 1u);
+  // Read in pieces (not whole), it is kept: its next piece would otherwise be fetched again.
+  const ObjectKey piecewise = key(4);
+  cache.get_many(std::span(&piecewise, 1), loader.many(), nullptr, false);
+  EXPECT_NE(cache.peek(piecewise), nullptr);
+  EXPECT_EQ(cache.stats().entries, 2u);
+}
+
 TEST(ObjectCachePrefetch, ReadersJoinAPrefetchInFlight) {
   ObjectCache cache(1000);
   ASSERT_TRUE(cache.begin_prefetch(key(1), 100, 1));
