@@ -149,6 +149,8 @@ void PrefetchEngine::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    // A worker may be waiting for a reply from a stalled Redis for up to the I/O timeout.
+    for (store::Connection* c : connections_) c->interrupt();
   }
   work_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -286,6 +288,10 @@ void PrefetchEngine::fetch_loop(size_t worker) {
     for (const Fetch& f : outstanding) abandon(f, why);
     outstanding.clear();
     stream.reset();
+    if (connection) {
+      std::lock_guard lock(mutex_);
+      std::erase(connections_, connection.get());
+    }
     connection.reset();
   };
   while (!stopping_) {
@@ -298,6 +304,11 @@ void PrefetchEngine::fetch_loop(size_t worker) {
           if (!stream) {
             try {
               connection = std::make_unique<store::Connection>(endpoint_, options_.connect);
+              {
+                std::lock_guard lock(mutex_);
+                connections_.push_back(connection.get());
+                if (stopping_) connection->interrupt();  // stop() ran while it connected
+              }
               stream = std::make_unique<store::GetStream>(*connection);
               backoff = 50ms;
             } catch (const std::exception& e) {

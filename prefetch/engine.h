@@ -179,6 +179,7 @@ class PrefetchEngine {
   std::atomic<uint64_t> gets_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<bool> stopping_{false};
+  std::vector<store::Connection*> connections_;  // the workers' own, for stop() to interrupt
   std::vector<std::thread> workers_;
 };
 

@@ -222,6 +222,10 @@ Connection::~Connection() {
   if (ctx_) redisFree(ctx_);
 }
 
+void Connection::interrupt() {
+  if (ctx_ && ctx_->fd >= 0) ::shutdown(ctx_->fd, SHUT_RDWR);
+}
+
 void Connection::fail(std::string_view what) {
   broken_ = true;
   std::string reason = ctx_ && ctx_->err ? std::string(ctx_->errstr) : "connection closed";

@@ -95,6 +95,10 @@ class Connection {
 
   size_t pending() const { return pending_; }
 
+  // Wakes a thread blocked on this connection (it then fails with ConnectionError): for shutting
+  // down a thread that may be waiting on a reply. Safe to call from another thread.
+  void interrupt();
+
   bool broken() const { return broken_; }
   const RedisEndpoint& endpoint() const { return endpoint_; }
 

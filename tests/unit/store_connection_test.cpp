@@ -193,6 +193,94 @@ TEST_F(ConnectionTest, GetValuesReadsEveryKindOfReply) {
   EXPECT_FALSE(conn.broken());
 }
 
+// A GetStream is a sliding window: keys sent in any grouping, more sent while replies are
+// owed, each reply taken in the order sent, every kind of reply as get_values gives it.
+TEST_F(ConnectionTest, GetStreamSlidesAWindowOfGets) {
+  Connection conn(redis_->endpoint());
+  for (int i = 0; i < 50; ++i) {
+    conn.command({"SET", "s" + std::to_string(i), std::string(500 + i * 311, char('A' + i % 26))});
+  }
+  conn.command({"RPUSH", "slist", "x"});
+  {
+    GetStream stream(conn);
+    std::vector<std::string> sent;
+    size_t received = 0;
+    const auto check_next = [&] {
+      const ValueReply reply = stream.receive();
+      const std::string& key = sent[received++];
+      if (key == "nope") {
+        EXPECT_EQ(reply.kind, ValueReply::Kind::kNil);
+      } else if (key == "slist") {
+        EXPECT_EQ(reply.kind, ValueReply::Kind::kError);
+      } else {
+        const int i = std::stoi(key.substr(1));
+        EXPECT_EQ(value_text(reply), std::string(500 + i * 311, char('A' + i % 26))) << key;
+      }
+    };
+    for (int i = 0; i < 50; i += 5) {
+      std::vector<std::string> batch;
+      for (int j = i; j < i + 5; ++j) batch.push_back("s" + std::to_string(j));
+      if (i == 20) batch.push_back("nope");
+      if (i == 30) batch.push_back("slist");
+      stream.send(batch);
+      sent.insert(sent.end(), batch.begin(), batch.end());
+      check_next();  // one reply per batch: the window keeps growing
+      check_next();
+    }
+    EXPECT_EQ(stream.outstanding(), sent.size() - received);
+    while (stream.outstanding() > 0) check_next();
+    EXPECT_EQ(received, sent.size());
+  }
+  EXPECT_FALSE(conn.broken());
+  EXPECT_EQ(conn.command({"PING"}).str(), "PONG");
+  // Dropped with replies still owed: the connection must not be used for anything else.
+  {
+    GetStream stream(conn);
+    const std::vector<std::string> keys = {"s1", "s2"};
+    stream.send(keys);
+    stream.receive();
+  }
+  EXPECT_TRUE(conn.broken());
+}
+
+// A server that accepts but never answers: a thread waiting on it for a reply is woken by
+// interrupt() (the prefetch engine's stop) instead of sitting out the I/O timeout.
+TEST(ConnectionInterrupt, WakesAThreadWaitingForAReply) {
+  BoundSocket silent;
+  ASSERT_EQ(::listen(silent.fd(), 4), 0);
+  // Answers the connection's PING, then nothing ever again.
+  std::thread server([&] {
+    const int client = ::accept(silent.fd(), nullptr, nullptr);
+    if (client < 0) return;
+    char buffer[256];
+    (void)::recv(client, buffer, sizeof buffer, 0);
+    (void)::send(client, "+PONG\r\n", 7, MSG_NOSIGNAL);
+    (void)::recv(client, buffer, sizeof buffer, 0);  // the GET, unanswered
+    (void)::recv(client, buffer, sizeof buffer, 0);  // until the client goes
+    ::close(client);
+  });
+  RedisEndpoint endpoint;
+  endpoint.port = silent.port();
+  Connection conn(endpoint, ConnectOptions{.connect_timeout = 2s, .io_timeout = 60s});
+  GetStream stream(conn);
+  const std::vector<std::string> keys = {"a"};
+  stream.send(keys);
+  std::thread interrupter([&] {
+    std::this_thread::sleep_for(100ms);
+    conn.interrupt();
+  });
+  try {
+    stream.receive();
+    ADD_FAILURE() << "receive() returned although nothing was ever sent back";
+  } catch (const ConnectionError& e) {
+    // Woken by the interrupt, not by the 60 s I/O timeout running out.
+    EXPECT_THAT(e.what(), Not(HasSubstr("I/O timeout")));
+  }
+  interrupter.join();
+  EXPECT_TRUE(conn.broken());
+  server.join();
+}
+
 TEST_F(ConnectionTest, GetValuesRefusesAConnectionWithRepliesPending) {
   Connection conn(redis_->endpoint());
   conn.append({"PING"});
