@@ -73,6 +73,9 @@ class Bench:
         cache = max(1 << 30, 2 * self.results["dataset"]["bytes"])
         if "--cache-size" not in extra:
             extra = ("--cache-size", str(cache), *extra)
+        # This suite measures the read path itself; bench/prefetch.py measures fetching ahead.
+        if "--prefetch" not in extra:
+            extra = ("--prefetch", "off", *extra)
         run([self.dsfs, "mount", self.mnt, "--redis", url, "--dataset", "bench", *extra],
             env=self.env)
         return os.path.join(self.mnt, "bench")

@@ -219,7 +219,11 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room) {
                           .generation = d.generation(),
                           .object_id = catalog.entry(entry).object_id};
       const uint64_t length = ObjectFetcher::chunk_length(catalog, entry, chunk);
-      if (cache_.present(key)) continue;
+      if (cache_.present(key)) {
+        // Already here: keep it for this use, or a later prefetch could evict it as read.
+        cache_.promote(key, held_->rank);
+        continue;
+      }
       if (!cache_.begin_prefetch(key, length, held_->rank)) {
         no_room = !cache_.present(key);
         if (no_room) break;
@@ -412,7 +416,8 @@ int PrefetchEngine::plan_write(uint64_t offset, std::string_view data) {
         "starting with the dataset name); such lines are skipped",
         first_unresolved_);
   }
-  model_.plan_published(plan_replacing_);
+  // Objects read last epoch are unread again in the one the new plan begins.
+  if (model_.plan_published(plan_replacing_)) cache_.new_epoch();
   plan_replacing_ = false;
   plan_written_ = Clock::now();
   work_.notify_all();

@@ -287,6 +287,16 @@ void ObjectCache::mark_consumed(const ObjectKey& key) {
   set_standing_locked(key, it->second, Standing::kConsumed, ++clock_);
 }
 
+void ObjectCache::promote(const ObjectKey& key, uint64_t rank) {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  Entry& entry = it->second;
+  if (entry.victim.standing == Standing::kPredicted && entry.rank <= rank) return;
+  entry.rank = rank;
+  set_standing_locked(key, entry, Standing::kPredicted, ~rank);
+}
+
 void ObjectCache::new_epoch() {
   std::lock_guard lock(mutex_);
   for (auto& [key, entry] : entries_) {

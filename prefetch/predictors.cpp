@@ -382,8 +382,9 @@ void PredictionModel::plan_append(FileId file) {
   plan_->append(file);
 }
 
-void PredictionModel::plan_published(bool replaced) {
-  if (replaced && epochs_.read_count() > 0) {
+bool PredictionModel::plan_published(bool replaced) {
+  const bool new_epoch = replaced && epochs_.read_count() > 0;
+  if (new_epoch) {
     epochs_.begin_epoch();
     begin_epoch(0);
   }
@@ -392,6 +393,7 @@ void PredictionModel::plan_published(bool replaced) {
     leader_ = 0;
     plan_->restart();
   }
+  return new_epoch;
 }
 
 std::vector<PredictorScore> PredictionModel::scores() const {

@@ -236,7 +236,8 @@ class PredictionModel {
   void plan_append(FileId file);
   // A new plan is trusted at once: it leads until the accesses stop matching it. A plan that
   // replaced the last one begins a new epoch.
-  void plan_published(bool replaced);
+  // Returns whether it began a new epoch.
+  bool plan_published(bool replaced);
 
   std::string_view leader() const { return predictors_[leader_]->name(); }
   std::vector<PredictorScore> scores() const;
