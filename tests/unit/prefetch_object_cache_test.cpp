@@ -398,6 +398,26 @@ TEST(ObjectCachePrefetch, AMissReadWholeNeverDisplacesAPrefetchedObject) {
   EXPECT_EQ(cache.stats().entries, 2u);
 }
 
+// An object read last epoch that this epoch's plan names again is kept for that use: without
+// promote() it stayed "read" and was the first to go for the plan's later objects.
+TEST(ObjectCachePrefetch, APromotedObjectIsKeptForItsPredictedUse) {
+  ObjectCache cache(200);
+  CountingLoader loader{.size = 100};
+  for (uint64_t id = 1; id <= 2; ++id) {
+    const ObjectKey k = key(id);
+    cache.get_many(std::span(&k, 1), loader.many());
+    cache.mark_consumed(k);
+  }
+  cache.promote(key(1), 10);                           // the plan reads key 1 soon
+  EXPECT_TRUE(cache.begin_prefetch(key(3), 100, 20));  // key 2 (read, not named) goes
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  EXPECT_EQ(cache.peek(key(2)), nullptr);
+  EXPECT_FALSE(cache.begin_prefetch(key(4), 100, 30));  // later than both: no room
+  cache.finish_prefetch(key(3), object_of(100, '3'));
+  cache.promote(key(9), 1);  // not cached: nothing happens
+  EXPECT_EQ(cache.stats().entries, 2u);
+}
+
 TEST(ObjectCachePrefetch, ReadersJoinAPrefetchInFlight) {
   ObjectCache cache(1000);
   ASSERT_TRUE(cache.begin_prefetch(key(1), 100, 1));
