@@ -47,10 +47,16 @@ void InflightControl::on_access(Clock::time_point now) {
     return;
   }
   const double seconds = std::chrono::duration<double>(now - rate_since_).count();
+  if (seconds > 1) {
+    // A pause (between epochs, say) is not a slow reader: keep the last estimate, so a reader
+    // that resumes at its old pace finds as much in flight as before, and measure afresh.
+    rate_count_ = 1;
+    rate_since_ = now;
+    return;
+  }
   if (seconds < 0.1) return;
   const double sample = static_cast<double>(rate_count_) / seconds;
-  // A long gap (idle) is not a slow reader: start the estimate over.
-  rate_ = seconds > 2 || rate_ == 0 ? sample : 0.7 * rate_ + 0.3 * sample;
+  rate_ = rate_ == 0 ? sample : 0.7 * rate_ + 0.3 * sample;
   rate_count_ = 0;
   rate_since_ = now;
 }

@@ -241,6 +241,29 @@ TEST(InflightControl, KeepsTheBandwidthDelayProductInFlight) {
   EXPECT_LE(control.limit(), 230u);
 }
 
+// Between epochs a loader pauses (the page cache dropped, a validation pass): the estimate
+// used to restart from the pause's own near-zero rate, so every epoch began at the slow-start
+// floor again and spent several round trips ramping up.
+TEST(InflightControl, APauseKeepsTheLastRateEstimate) {
+  using Clock = InflightControl::Clock;
+  InflightControl control(4, 10000);
+  Clock::time_point now{};
+  now += 1h;
+  for (int i = 0; i < 2000; ++i) {
+    now += 1ms;
+    control.on_access(now);
+    if (i % 10 == 0) control.on_rtt_sample(100ms, now);
+  }
+  const size_t before = control.limit();
+  control.on_idle();
+  now += 5s;  // nobody reads
+  control.on_access(now);
+  now += 1ms;
+  control.on_access(now);
+  EXPECT_NEAR(control.files_per_s(), 1000, 50);
+  EXPECT_EQ(control.limit(), before);
+}
+
 TEST(PrefetchMode, ParsesTheThreeModesAndNamesThemInErrors) {
   EXPECT_EQ(parse_prefetch_mode("auto"), PrefetchMode::kAuto);
   EXPECT_EQ(parse_prefetch_mode("plan"), PrefetchMode::kPlan);
