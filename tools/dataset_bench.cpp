@@ -18,6 +18,7 @@
 
 #include "tools/plan_command.h"
 #include "tools/progress.h"
+#include "tools/scoped_fd.h"
 
 namespace dsfs::tools {
 namespace {
@@ -28,27 +29,6 @@ using Clock = std::chrono::steady_clock;
 constexpr double kMegabyte = 1e6;
 constexpr double kNanosecondsPerMillisecond = 1e6;
 constexpr size_t kSummaryEpochLines = 20;
-
-// Closes on destruction; close() reports the error that the destructor would have dropped.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-  // 0, or the errno of a failed close.
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
 
 void fill_epoch_order(std::vector<uint32_t>& order, BenchPattern pattern, uint64_t seed,
                       uint64_t epoch) {

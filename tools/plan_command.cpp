@@ -14,32 +14,12 @@
 #include <system_error>
 
 #include "tools/progress.h"
+#include "tools/scoped_fd.h"
 
 namespace dsfs::tools {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The fd of the plan file; close() reports what the destructor would drop (the engine may
-// refuse the plan only when the file is flushed).
-class PlanFd {
- public:
-  explicit PlanFd(int fd) : fd_(fd) {}
-  ~PlanFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  PlanFd(const PlanFd&) = delete;
-  PlanFd& operator=(const PlanFd&) = delete;
-  int get() const { return fd_; }
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
 
 // Absolute and lexically normal, without a trailing separator ("/mnt/" -> "/mnt").
 fs::path normal_directory(const fs::path& directory) {
@@ -218,7 +198,7 @@ void write_plan_text(int fd, std::string_view text, size_t chunk) {
 
 void write_plan_file(const fs::path& mount, std::string_view text, bool append) {
   const fs::path plan = mount / kPlanFile;
-  PlanFd fd(::open(plan.c_str(), O_WRONLY | O_CLOEXEC | (append ? O_APPEND : O_TRUNC)));
+  ScopedFd fd(::open(plan.c_str(), O_WRONLY | O_CLOEXEC | (append ? O_APPEND : O_TRUNC)));
   if (fd.get() < 0) throw std::runtime_error(plan_write_error(plan, errno));
   // An empty plan has no write to replace the old one with, and when the kernel passes O_TRUNC
   // along with an OPEN the mount skips, the truncation never arrives: truncate explicitly.
