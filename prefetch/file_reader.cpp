@@ -100,8 +100,11 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
     const uint64_t to = std::min<uint64_t>(end - chunk_start, buffer->size());
     if (to <= from) break;  // cannot happen: lengths were checked against the catalogue
     slices.push_back(Slice{buffer, static_cast<size_t>(from), static_cast<size_t>(to - from)});
-    // Read to its end: the first to make room for what comes next.
-    if (to == buffer->size()) cache_.mark_consumed(keys[chunk - first]);
+    // Read to its end: the first to make room for what comes next. get_many already marked
+    // what it found or loaded for a whole read, which is every read of a cached image.
+    if (to == buffer->size() && (!whole || outcome != ReadOutcome::kReady)) {
+      cache_.mark_consumed(keys[chunk - first]);
+    }
   }
   return slices;
 }

@@ -51,7 +51,9 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
       const ObjectKey& key = keys[i];
       if (auto it = entries_.find(key); it != entries_.end()) {
         Entry& entry = it->second;
-        if (entry.victim.standing != Standing::kPredicted) {
+        if (read_whole) {
+          set_standing_locked(key, entry, Standing::kConsumed, ++clock_);  // read to its end now
+        } else if (entry.victim.standing != Standing::kPredicted) {
           set_standing_locked(key, entry, entry.victim.standing, ++clock_);
         }
         note_used_locked(entry);
@@ -205,7 +207,8 @@ void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool 
     ++stats_.not_kept;
     return;
   }
-  Entry entry{.buffer = std::move(buffer), .victim = {Standing::kOther, ++clock_, ++clock_}};
+  const Standing standing = read_whole ? Standing::kConsumed : Standing::kOther;
+  Entry entry{.buffer = std::move(buffer), .victim = {standing, ++clock_, ++clock_}};
   auto [it, inserted] = entries_.emplace(key, std::move(entry));
   try {
     victims_.emplace(it->second.victim, key);

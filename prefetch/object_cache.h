@@ -78,9 +78,10 @@ class ObjectCache {
   // prefetch is loading when that load finishes, and the rest through one call of `load` (so a
   // caller can pipeline them). Rethrows the exception of a failed load; nothing of it is cached,
   // so the next caller tries again. `outcome`, when given, receives how the objects were found.
-  // `read_whole`: the caller reads every object it loads to its end at once, so one that finds
-  // the cache full of predicted objects is served without being kept: it would only displace
-  // an object still to be read.
+  // `read_whole`: the caller reads every object it asks for to its end at once: cached and
+  // loaded ones count as read (mark_consumed) in the same lock, and one loaded into a cache full
+  // of predicted objects is served without being kept (it would only displace an object still
+  // to be read). Objects it joined in flight are not marked.
   std::vector<ObjectBuffer> get_many(std::span<const ObjectKey> keys, const LoadMany& load,
                                      ReadOutcome* outcome = nullptr, bool read_whole = false);
   ObjectBuffer get(const ObjectKey& key, const std::function<ObjectBuffer()>& load);
