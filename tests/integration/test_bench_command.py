@@ -166,7 +166,10 @@ class BenchTreeTest(unittest.TestCase, BenchJsonChecks):
         with open(out) as f:
             report = json.load(f)
         self.assertGreater(report["totals"]["files"], 0)
-        self.assertFalse(report["epochs"][-1]["complete"])
+        # Stopped by the signal, not by --duration: the signal may land between two epochs of
+        # this small tree, so the last one may have completed (CI hit that race once).
+        self.assertLess(report["totals"]["seconds"], 60)
+        self.assertTrue(report["epochs"])
 
     @unittest.skipUnless(os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK),
                          "--drop-caches needs root and a writable /proc/sys/vm/drop_caches")
