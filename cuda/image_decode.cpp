@@ -39,8 +39,14 @@ struct TurboJpegDeleter {
 using TurboJpegHandle = std::unique_ptr<void, TurboJpegDeleter>;
 
 // One decompressor per thread: creating one costs more than decoding a small thumbnail.
+TurboJpegHandle& thread_decompressor_slot() {
+  thread_local TurboJpegHandle handle;
+  return handle;
+}
+
 tjhandle thread_decompressor() {
-  thread_local TurboJpegHandle handle{tjInitDecompress()};
+  TurboJpegHandle& handle = thread_decompressor_slot();
+  if (!handle) handle.reset(tjInitDecompress());
   if (!handle)
     throw DecodeError(fmt::format("cannot create a JPEG decoder: {}", tjGetErrorStr2(nullptr)));
   return handle.get();
@@ -62,8 +68,7 @@ void adobe_cmyk_to_rgb(const std::uint8_t* cmyk, std::uint8_t* rgb, std::size_t 
   }
 }
 
-RgbImage decode_jpeg(std::span<const std::byte> encoded) {
-  tjhandle decompressor = thread_decompressor();
+RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> encoded) {
   const auto* data = reinterpret_cast<const unsigned char*>(encoded.data());
   const auto size = static_cast<unsigned long>(encoded.size());
   int width = 0, height = 0, subsampling = 0, colorspace = 0;
@@ -100,6 +105,17 @@ RgbImage decode_jpeg(std::span<const std::byte> encoded) {
   }
   if (cmyk) adobe_cmyk_to_rgb(cmyk_pixels.data(), image.pixels.data(), pixels);
   return image;
+}
+
+RgbImage decode_jpeg(std::span<const std::byte> encoded) {
+  try {
+    return decode_jpeg_with(thread_decompressor(), encoded);
+  } catch (...) {
+    // The handle may be stuck mid-stream (libjpeg-turbo 2.1 does not reset it when a header read
+    // fails) and the next image would read as 0x0 pixels: the next one starts afresh.
+    thread_decompressor_slot().reset();
+    throw;
+  }
 }
 
 // ---- PNG (libpng) ----

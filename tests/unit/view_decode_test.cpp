@@ -211,6 +211,23 @@ TEST(DecodeJpeg, TruncatedIsAnError) {
   }
 }
 
+// The decoder is reused per thread: a file that failed part-way must not spoil the next one
+// (libjpeg-turbo 2.1 leaves a handle whose header read failed mid-way; the next header then
+// read 0x0 pixels, and a good image was EIO for good).
+TEST(DecodeJpeg, AGoodImageDecodesAfterAFailedOneOnTheSameThread) {
+  const auto source = gradient(48, 32, 3);
+  const auto jpeg = encode_jpeg(source, 48, 32, TJPF_RGB, TJSAMP_420, 90);
+  for (const std::size_t keep : {std::size_t{200}, jpeg.size() / 3, jpeg.size() * 2 / 3}) {
+    SCOPED_TRACE(keep);
+    const std::vector<std::byte> cut(jpeg.begin(), jpeg.begin() + static_cast<long>(keep));
+    EXPECT_THROW(decode_image(cut), DecodeError);
+    RgbImage image;
+    ASSERT_NO_THROW(image = decode_image(jpeg));
+    EXPECT_EQ(image.width, 48);
+    EXPECT_EQ(image.height, 32);
+  }
+}
+
 TEST(DecodeJpeg, GarbageAfterTheMagicIsAnError) {
   std::vector<std::byte> bytes = to_bytes("\xFF\xD8\xFF", 3);
   for (int i = 0; i < 500; ++i) bytes.push_back(static_cast<std::byte>((i * 7919) & 0xFF));
