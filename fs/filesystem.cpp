@@ -139,7 +139,7 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
                                       .connections = options_.connections,
                                       .max_inflight = options_.max_inflight,
                                       .connect = connect_options(options_.timeout)}),
-      views_(reader_, options_.view_cache_bytes),
+      views_(reader_, cache_, options_.view_cache_bytes),
       mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
       owner_uid_(getuid()),
       owner_gid_(getgid()) {
@@ -173,9 +173,17 @@ Filesystem::~Filesystem() {
 
 void Filesystem::start_views() {
   auto service = std::make_unique<view::ViewService>(view::make_backend(options_.view_backend));
-  spdlog::info("view backend: {}{}; view cache {} MiB", service->backend_name(),
-               service->batched() ? " (batched)" : "", options_.view_cache_bytes >> 20);
-  views_.start(std::move(service));
+  const bool ahead =
+      options_.prefetch != prefetch::PrefetchMode::kOff && options_.view_render_ahead_threads > 0;
+  spdlog::info("view backend: {}{}; view cache {} MiB; rendering ahead: {}",
+               service->backend_name(), service->batched() ? " (batched)" : "",
+               options_.view_cache_bytes >> 20,
+               ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
+  // Plans may name view files; they stand for their source images.
+  engine_.set_plan_line_mapper(
+      [this](std::string_view line) { return views_.plan_source_path(line, datasets_); });
+  views_.start(std::move(service), ahead ? &engine_ : nullptr,
+               ahead ? options_.view_render_ahead_threads : 0);
 }
 
 const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
@@ -708,13 +716,9 @@ struct Handlers {
     const ViewRegistry::Slot& slot = *target.slot;
     if (off >= slot.file_size || size == 0) return (void)fuse_reply_buf(req, nullptr, 0);
     const size_t length = static_cast<size_t>(std::min<uint64_t>(size, slot.file_size - off));
-    if (off + length <= slot.header.size()) {
-      fs.views_.count_read(length, /*header_only=*/true);
-      return (void)fuse_reply_buf(req, slot.header.data() + off, length);
-    }
     const prefetch::ObjectBuffer file =
-        fs.views_.rendered(*target.dataset, ref.entry, slot.canonical);
-    fs.views_.count_read(length, /*header_only=*/false);
+        fs.views_.read(*target.dataset, ref.entry, slot.canonical, off, length);
+    if (!file) return (void)fuse_reply_buf(req, slot.header.data() + off, length);
     fuse_reply_buf(req, file->bytes().data() + off, length);
   }
 

@@ -41,6 +41,8 @@ struct FilesystemOptions {
   size_t connections = kDefaultConnections;
   view::BackendKind view_backend = view::BackendKind::kAuto;  // renders MOUNT/.views files
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
+  // Threads rendering predicted view files ahead (needs prefetching); 0: render only when read.
+  unsigned view_render_ahead_threads = 0;
   prefetch::PrefetchMode prefetch = prefetch::PrefetchMode::kAuto;
   size_t max_inflight = 0;  // 0: derived from the cache size
 };

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -57,6 +59,7 @@ struct MountArgs {
   std::string prefetch = "auto";
   unsigned max_inflight = 0;
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
+  std::string view_render_ahead = "auto";
   std::string log_file;
 };
 
@@ -65,6 +68,18 @@ struct UmountArgs {
   bool lazy = false;
   double wait_s = 10;
 };
+
+// --view-render-ahead: "auto" (a thread per core) or a count up to 256.
+unsigned render_ahead_threads(const std::string& text) {
+  if (text == "auto") return std::max(1u, std::thread::hardware_concurrency());
+  unsigned threads = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), threads);
+  if (error != std::errc() || end != text.data() + text.size() || threads > 256) {
+    throw std::invalid_argument(fmt::format(
+        "--view-render-ahead: '{}' is not auto or a number of threads from 0 to 256", text));
+  }
+  return threads;
+}
 
 // Units for durations: a bare number is seconds.
 CLI::AsNumberWithUnit duration_units() {
@@ -191,6 +206,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.connections = args.connections;
   fs_options.view_backend = view::parse_backend_kind(args.view_backend);
   fs_options.view_cache_bytes = args.view_cache_bytes;
+  fs_options.view_render_ahead_threads = render_ahead_threads(args.view_render_ahead);
   fs_options.prefetch = prefetch::parse_prefetch_mode(args.prefetch);
   fs_options.max_inflight = args.max_inflight;
   const size_t dataset_count = datasets.size();
@@ -414,6 +430,21 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "Bytes of rendered .views files kept in memory while readers fetch them "
                    "(e.g. 256MiB); the kernel's page cache keeps them afterwards")
       ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  mount
+      ->add_option("--view-render-ahead", mount_args->view_render_ahead,
+                   "Threads that decode and transform the images the prefetch engine predicts "
+                   "into the view cache before they are read, while a .views directory of their "
+                   "dataset is being read (needs --prefetch auto or plan): a number, 0 to render "
+                   "only on read, or auto (one per CPU core)")
+      ->check([](const std::string& text) {
+        try {
+          render_ahead_threads(text);
+          return std::string();
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        }
+      })
       ->capture_default_str();
   mount->add_option("--log-file", mount_args->log_file,
                     "Where the background daemon logs (default: "

@@ -140,6 +140,24 @@ nlohmann::ordered_json views_json(const ViewStats& v) {
       {"transform_errors", v.service.transform_errors},
       {"batches", v.service.batches},
       {"batched_images", v.service.batched_images},
+      {"reads",
+       {{"ready", v.reads_ready},
+        {"joined", v.reads_joined},
+        {"miss", v.reads_miss},
+        {"ready_rate",
+         v.reads_ready + v.reads_joined + v.reads_miss == 0
+             ? 0.0
+             : static_cast<double>(v.reads_ready) /
+                   static_cast<double>(v.reads_ready + v.reads_joined + v.reads_miss)}}},
+      {"ahead",
+       {{"threads", v.ahead.threads},
+        {"queued", v.ahead.queued},
+        {"offered", v.ahead.offered},
+        {"rendered", v.ahead.rendered},
+        {"already", v.ahead.already},
+        {"dropped", v.ahead.dropped},
+        {"errors", v.ahead.errors},
+        {"seconds", v.ahead.seconds}}},
       {"cache", cache_json(v.cache)},
   };
   if (v.cuda) {

@@ -19,6 +19,14 @@ namespace {
 constexpr std::array<std::string_view, 3> kImageExtensions = {".jpg", ".jpeg", ".png"};
 // Undecodable files remembered at most; a dataset with more fails each of the rest on every read.
 constexpr size_t kMaxRememberedFailures = 100000;
+// Offered images waiting to be rendered ahead at most (each holds its source's bytes, which the
+// source cache bounds anyway); the engine offers no more than its lookahead.
+constexpr size_t kMaxAheadQueued = 16384;
+// A dataset's predicted images are rendered ahead while one of its view files was opened (or a
+// plan named them) this recently.
+constexpr auto kAheadActiveFor = std::chrono::seconds(10);
+// With no room in the view cache, rendering ahead retries after this, or when a file is read.
+constexpr auto kAheadRoomRetry = std::chrono::milliseconds(5);
 
 bool ends_with_ignoring_case(std::string_view text, std::string_view suffix) {
   if (text.size() < suffix.size()) return false;
@@ -131,25 +139,250 @@ const ViewRegistry::Slot* ViewRegistry::slot(uint32_t index) const {
 
 // ---- ViewFiles --------------------------------------------------------------------------------
 
-ViewFiles::ViewFiles(prefetch::FileReader& reader, uint64_t cache_bytes)
-    : reader_(reader), cache_(cache_bytes) {}
+ViewFiles::ViewFiles(prefetch::FileReader& reader, prefetch::ObjectCache& source_cache,
+                     uint64_t cache_bytes)
+    : reader_(reader), source_cache_(source_cache), cache_(cache_bytes) {}
 
-ViewFiles::~ViewFiles() = default;
+ViewFiles::~ViewFiles() {
+  stop();
+}
 
-void ViewFiles::start(std::unique_ptr<view::ViewService> service) {
+void ViewFiles::start(std::unique_ptr<view::ViewService> service, prefetch::PrefetchEngine* engine,
+                      unsigned render_ahead_threads) {
   if (service_) throw std::logic_error("ViewFiles::start called twice");
   service_ = std::move(service);
+  if (!engine || render_ahead_threads == 0) return;
+  try {
+    for (unsigned i = 0; i < render_ahead_threads; ++i) {
+      ahead_threads_.emplace_back([this] { render_ahead_loop(); });
+    }
+  } catch (...) {
+    stop();
+    throw;
+  }
+  engine->set_source_listener(
+      [this](const prefetch::DatasetSnapshot& dataset, uint32_t entry, uint64_t rank,
+             prefetch::ObjectBuffer source) { offer(dataset, entry, rank, std::move(source)); });
+}
+
+void ViewFiles::stop() {
+  {
+    std::lock_guard lock(ahead_mutex_);
+    ahead_stopping_ = true;
+  }
+  ahead_work_.notify_all();
+  for (std::thread& thread : ahead_threads_) {
+    if (thread.joinable()) thread.join();
+  }
+  std::lock_guard lock(ahead_mutex_);
+  ahead_queue_.clear();
+}
+
+prefetch::ObjectKey ViewFiles::key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                                      uint32_t canonical_slot) const {
+  return prefetch::ObjectKey{.dataset = dataset.index,
+                             .chunk = canonical_slot,
+                             .generation = dataset.generation(),
+                             .object_id = entry};
 }
 
 prefetch::ObjectBuffer ViewFiles::rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                           uint32_t canonical_slot) {
+                                           uint32_t canonical_slot,
+                                           prefetch::ReadOutcome* outcome) {
   const ViewRegistry::Slot* slot = registry_.slot(canonical_slot);
   if (!slot) throw std::logic_error(fmt::format("view slot {} is not registered", canonical_slot));
-  const prefetch::ObjectKey key{.dataset = dataset.index,
-                                .chunk = canonical_slot,
-                                .generation = dataset.generation(),
-                                .object_id = entry};
-  return cache_.get(key, [&] { return render(dataset, entry, *slot, key); });
+  const prefetch::ObjectKey key = key_of(dataset, entry, canonical_slot);
+  std::vector<prefetch::ObjectBuffer> files = cache_.get_many(
+      std::span(&key, 1),
+      [&](std::span<const prefetch::ObjectKey>) {
+        return std::vector<prefetch::ObjectBuffer>{render(dataset, entry, *slot, key)};
+      },
+      outcome);
+  return std::move(files.front());
+}
+
+prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                                       uint32_t canonical_slot, uint64_t offset, uint64_t length) {
+  const ViewRegistry::Slot* slot = registry_.slot(canonical_slot);
+  if (!slot) throw std::logic_error(fmt::format("view slot {} is not registered", canonical_slot));
+  if (offset == 0) {
+    reader_.report_access(dataset.index, entry);
+    set_active(dataset.index, canonical_slot);
+  }
+  bytes_read_.fetch_add(length, std::memory_order_relaxed);
+  if (offset + length <= slot->header.size()) {
+    header_reads_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kReady;
+  prefetch::ObjectBuffer file = rendered(dataset, entry, canonical_slot, &outcome);
+  if (offset <= slot->header.size()) {  // the READ with the first tensor byte: once per file
+    switch (outcome) {
+      case prefetch::ReadOutcome::kReady:
+        reads_ready_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case prefetch::ReadOutcome::kJoined:
+        reads_joined_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case prefetch::ReadOutcome::kMiss:
+        reads_miss_.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+  }
+  if (offset + length >= slot->file_size) {
+    // Read to its end: the kernel's page cache has it now, so it goes first when room is needed.
+    cache_.mark_consumed(key_of(dataset, entry, canonical_slot));
+    if (!ahead_threads_.empty()) {
+      bool waiting = false;
+      {
+        std::lock_guard lock(ahead_mutex_);
+        ++ahead_room_serial_;
+        waiting = ahead_no_room_;
+      }
+      if (waiting) ahead_work_.notify_all();
+    }
+  }
+  return file;
+}
+
+void ViewFiles::set_active(uint32_t dataset, uint32_t canonical_slot) {
+  if (ahead_threads_.empty()) return;
+  std::lock_guard lock(ahead_mutex_);
+  if (active_.size() <= dataset) active_.resize(dataset + 1);
+  active_[dataset] =
+      ActiveView{.slot = canonical_slot, .last_read = std::chrono::steady_clock::now()};
+}
+
+std::optional<std::string> ViewFiles::plan_source_path(
+    std::string_view line, const std::vector<prefetch::DatasetSnapshot>& all) {
+  const std::string prefix = fmt::format("{}/", kViewsDirName);
+  if (!line.starts_with(prefix)) return std::nullopt;
+  line.remove_prefix(prefix.size());
+  const size_t spec_end = line.find('/');
+  if (spec_end == std::string_view::npos) return std::string();
+  const std::string_view spec = line.substr(0, spec_end);
+  const std::string_view dataset_path = line.substr(spec_end + 1);
+  const std::string_view name = dataset_path.substr(0, dataset_path.find('/'));
+  const std::optional<std::string_view> source = view_source_name(dataset_path);
+  if (!source || name.size() == dataset_path.size()) return std::string();
+  const ViewRegistry::Found found = registry_.find_or_add(spec);
+  if (!found.slot) return std::string();
+  for (const prefetch::DatasetSnapshot& d : all) {
+    if (d.name() == name && d.index < kMaxViewDatasets) {
+      set_active(d.index, registry_.slot(*found.slot)->canonical);
+      return std::string(*source);
+    }
+  }
+  return std::string();
+}
+
+void ViewFiles::offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, uint64_t rank,
+                      prefetch::ObjectBuffer source) {
+  {
+    std::lock_guard lock(ahead_mutex_);
+    if (ahead_stopping_ || dataset.index >= active_.size()) return;
+    const ActiveView& active = active_[dataset.index];
+    if (active.last_read == std::chrono::steady_clock::time_point{} ||
+        std::chrono::steady_clock::now() - active.last_read > kAheadActiveFor) {
+      return;
+    }
+    ahead_offered_.fetch_add(1, std::memory_order_relaxed);
+    if (ahead_queue_.size() >= kMaxAheadQueued) {
+      ahead_dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    ahead_queue_.push_back(AheadItem{.dataset = &dataset,
+                                     .entry = entry,
+                                     .slot = active.slot,
+                                     .rank = rank,
+                                     .source = std::move(source)});
+  }
+  ahead_work_.notify_one();
+}
+
+void ViewFiles::render_ahead_loop() {
+  std::unique_lock lock(ahead_mutex_);
+  while (!ahead_stopping_) {
+    if (ahead_no_room_) {
+      // Wait for a reader to finish a file (or a while), then all try again.
+      const uint64_t seen = ahead_room_serial_;
+      ahead_work_.wait_for(lock, kAheadRoomRetry,
+                           [&] { return ahead_stopping_ || ahead_room_serial_ != seen; });
+      ahead_no_room_ = false;
+      continue;
+    }
+    if (ahead_queue_.empty()) {
+      ahead_work_.wait(lock);
+      continue;
+    }
+    AheadItem item = std::move(ahead_queue_.front());
+    ahead_queue_.pop_front();
+    // Offered for a SPEC no longer read (the loader moved on, or to another SPEC): not worth it.
+    const ActiveView& active = active_[item.dataset->index];
+    if (active.slot != item.slot ||
+        std::chrono::steady_clock::now() - active.last_read > kAheadActiveFor) {
+      ahead_dropped_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    lock.unlock();
+    const bool done = render_ahead(item);
+    lock.lock();
+    if (!done) {
+      // No room yet: back in line by its rank (another thread may have put one back too).
+      const auto later =
+          std::find_if(ahead_queue_.begin(), ahead_queue_.end(),
+                       [&](const AheadItem& other) { return other.rank > item.rank; });
+      ahead_queue_.insert(later, std::move(item));
+      ahead_no_room_ = true;
+    }
+  }
+}
+
+bool ViewFiles::render_ahead(AheadItem& item) {
+  const prefetch::DatasetSnapshot& dataset = *item.dataset;
+  const ViewRegistry::Slot& slot = *registry_.slot(item.slot);
+  const prefetch::ObjectKey key = key_of(dataset, item.entry, item.slot);
+  const prefetch::ObjectKey source_key{.dataset = dataset.index,
+                                       .chunk = 0,
+                                       .generation = dataset.generation(),
+                                       .object_id = dataset.catalog->entry(item.entry).object_id};
+  {
+    std::lock_guard lock(failed_mutex_);
+    if (failed_.contains(key)) return true;
+  }
+  if (slot.file_size > cache_.capacity_bytes() / 2) {
+    ahead_dropped_.fetch_add(1, std::memory_order_relaxed);  // would crowd out the readers' own
+    return true;
+  }
+  if (cache_.present(key)) {
+    cache_.promote(key, item.rank);  // keep it for this predicted read
+    ahead_already_.fetch_add(1, std::memory_order_relaxed);
+    source_cache_.mark_consumed(source_key);
+    return true;
+  }
+  if (!cache_.begin_prefetch(key, slot.file_size, item.rank)) {
+    if (!cache_.present(key)) return false;
+    ahead_already_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    const std::span<const std::byte> encoded =
+        std::as_bytes(std::span(item.source->bytes().data(), item.source->bytes().size()));
+    cache_.finish_prefetch(key, render_bytes(dataset, item.entry, slot, key, encoded));
+    ahead_rendered_.fetch_add(1, std::memory_order_relaxed);
+  } catch (const ViewRenderError& e) {
+    ahead_errors_.fetch_add(1, std::memory_order_relaxed);
+    cache_.abandon_prefetch(key, e.what());  // a reader waiting on it gets the remembered EIO
+  } catch (const std::exception& e) {
+    spdlog::warn("dataset '{}': rendering {} ahead for .views/{} failed: {}", dataset.name(),
+                 dataset.catalog->path(item.entry), slot.name, e.what());
+    cache_.abandon_prefetch(key, e.what());
+  }
+  ahead_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
+  // Its view is what will be read: the source's bytes may go first.
+  source_cache_.mark_consumed(source_key);
+  return true;
 }
 
 prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
@@ -166,7 +399,9 @@ prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& datase
   }
   const auto started = std::chrono::steady_clock::now();
   const catalog::CatalogEntry& file = dataset.catalog->entry(entry);
-  const std::vector<prefetch::Slice> slices = reader_.read(dataset, entry, 0, file.size);
+  // The view's READ reported the access already.
+  const std::vector<prefetch::Slice> slices =
+      reader_.read(dataset, entry, 0, file.size, /*report=*/false);
   std::span<const std::byte> encoded;
   std::vector<std::byte> joined;  // only for a file stored in several chunks
   if (slices.size() == 1) {
@@ -182,19 +417,33 @@ prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& datase
     joined.resize(at);
     encoded = joined;
   }
-  fetch_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
+  const uint64_t fetch_ns = nanoseconds_since(started);
+  fetch_ns_.fetch_add(fetch_ns, std::memory_order_relaxed);
+  render_ns_.fetch_add(fetch_ns, std::memory_order_relaxed);
+  return render_bytes(dataset, entry, slot, key, encoded);
+}
 
+prefetch::ObjectBuffer ViewFiles::render_bytes(const prefetch::DatasetSnapshot& dataset,
+                                               uint32_t entry, const ViewRegistry::Slot& slot,
+                                               const prefetch::ObjectKey& key,
+                                               std::span<const std::byte> encoded) {
+  if (!service_) {
+    throw std::logic_error("a view file was rendered before the view service was started");
+  }
+  const auto started = std::chrono::steady_clock::now();
   std::string rendered;
   try {
     rendered = service_->render(slot.spec, encoded);
   } catch (const view::DecodeError& e) {
     render_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
-    render_errors_.fetch_add(1, std::memory_order_relaxed);
     std::string reason =
         fmt::format("dataset '{}': {} cannot be decoded for .views/{}: {}", dataset.name(),
                     dataset.catalog->path(entry), slot.name, e.what());
-    spdlog::warn("{} (EIO)", reason);
     std::lock_guard lock(failed_mutex_);
+    // Counted and logged once per file, whether a reader or rendering ahead met it first.
+    if (failed_.contains(key)) throw ViewRenderError(failed_.at(key));
+    render_errors_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("{} (EIO)", reason);
     if (failed_.size() < kMaxRememberedFailures) failed_.emplace(key, reason);
     throw ViewRenderError(std::move(reason));
   }
@@ -224,6 +473,23 @@ ViewStats ViewFiles::stats() const {
   stats.bytes_read = load(bytes_read_);
   stats.render_seconds = static_cast<double>(load(render_ns_)) / 1e9;
   stats.fetch_seconds = static_cast<double>(load(fetch_ns_)) / 1e9;
+  stats.reads_ready = load(reads_ready_);
+  stats.reads_joined = load(reads_joined_);
+  stats.reads_miss = load(reads_miss_);
+  stats.ahead = RenderAheadStats{
+      .threads = static_cast<unsigned>(ahead_threads_.size()),
+      .queued = 0,
+      .offered = load(ahead_offered_),
+      .rendered = load(ahead_rendered_),
+      .already = load(ahead_already_),
+      .dropped = load(ahead_dropped_),
+      .errors = load(ahead_errors_),
+      .seconds = static_cast<double>(load(ahead_ns_)) / 1e9,
+  };
+  {
+    std::lock_guard lock(ahead_mutex_);
+    stats.ahead.queued = ahead_queue_.size();
+  }
   stats.cache = cache_.stats();
   return stats;
 }

@@ -3,13 +3,16 @@
 // how view names map to catalogue entries, and rendering a view file once into a byte-bounded
 // cache. What a view file contains is cuda/'s business (view::ViewService); this only routes.
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "cuda/view_spec.h"
 #include "fs/inodes.h"
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/engine.h"
 #include "prefetch/file_reader.h"
 #include "prefetch/object_cache.h"
 
@@ -85,6 +89,19 @@ class ViewRenderError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Rendering ahead: the prefetch engine offers each predicted source image once its bytes are
+// cached; while a SPEC of that dataset is being read, it is rendered into the view cache.
+struct RenderAheadStats {
+  unsigned threads = 0;   // 0: off
+  uint64_t queued = 0;    // offered, waiting for a thread (or for room in the view cache)
+  uint64_t offered = 0;   // predicted sources offered while a view of theirs was read
+  uint64_t rendered = 0;  // view files rendered ahead
+  uint64_t already = 0;   // offered when already rendered or being rendered (kept for use)
+  uint64_t dropped = 0;   // offered while the queue was full, or stale when their turn came
+  uint64_t errors = 0;    // undecodable sources met ahead (counted in render_errors too)
+  double seconds = 0;     // decode + transform ahead, summed over threads
+};
+
 struct ViewStats {
   std::string backend;  // "cpu", "cuda", or "" before start()
   uint32_t specs = 0;   // registered SPEC directories
@@ -94,23 +111,44 @@ struct ViewStats {
   uint64_t bytes_read = 0;     // bytes of view files returned to readers
   double render_seconds = 0;   // fetch + decode + transform, summed over threads
   double fetch_seconds = 0;    // reading the source image through the mount's cache
+  // How each view file's first READ past the header found it: rendered already, being rendered
+  // (ahead, or by another reader), or rendered by this READ.
+  uint64_t reads_ready = 0;
+  uint64_t reads_joined = 0;
+  uint64_t reads_miss = 0;
+  RenderAheadStats ahead;
   view::ViewServiceStats service;
   std::optional<view::CudaBackendInfo> cuda;  // with the CUDA backend: device and stage times
   prefetch::CacheStats cache;
 };
 
-// Rendered view files of a mount: the render path and its cache.
+// Rendered view files of a mount: the render path, its cache, and rendering ahead.
 class ViewFiles {
  public:
-  ViewFiles(prefetch::FileReader& reader, uint64_t cache_bytes);
+  // `source_cache`: where `reader` keeps source images (a source rendered ahead is marked read).
+  ViewFiles(prefetch::FileReader& reader, prefetch::ObjectCache& source_cache,
+            uint64_t cache_bytes);
   ~ViewFiles();
   ViewFiles(const ViewFiles&) = delete;
   ViewFiles& operator=(const ViewFiles&) = delete;
 
   // Installs the renderer. Call once, after the daemon has forked (CUDA does not survive a fork)
-  // and before any read.
-  void start(std::unique_ptr<view::ViewService> service);
+  // and before any read. With an engine and render_ahead_threads > 0, that many threads render
+  // the view files of predicted images ahead (the engine must not be started yet, and must be
+  // stopped before this object is destroyed).
+  void start(std::unique_ptr<view::ViewService> service, prefetch::PrefetchEngine* engine = nullptr,
+             unsigned render_ahead_threads = 0);
   bool started() const { return service_ != nullptr; }
+  // Stops rendering ahead (waiting for the renders under way). Idempotent.
+  void stop();
+
+  // A READ of [offset, offset + length) of the view file of image `entry` under canonical slot
+  // `canonical_slot`: counts it, reports a read from offset 0 to the prefetch engine (as a read
+  // of the source image: the order is the same) and returns the rendered file, or nullptr when
+  // the range lies within the header. A READ reaching the end marks the file read in the cache.
+  // Throws what rendered() throws.
+  prefetch::ObjectBuffer read(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                              uint32_t canonical_slot, uint64_t offset, uint64_t length);
 
   ViewRegistry& registry() { return registry_; }
   const ViewRegistry& registry() const { return registry_; }
@@ -120,21 +158,50 @@ class ViewFiles {
   // many readers ask at the same time. Throws ViewRenderError for an undecodable image (logged and
   // counted once per file, and remembered, so later reads fail at once), and what FileReader
   // throws.
+  // `outcome`, when given, receives how the cache found it.
   prefetch::ObjectBuffer rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                  uint32_t canonical_slot);
-  // A READ of a view file answered with `bytes`; `header_only`: without rendering.
-  void count_read(uint64_t bytes, bool header_only) {
-    bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
-    if (header_only) header_reads_.fetch_add(1, std::memory_order_relaxed);
-  }
+                                  uint32_t canonical_slot,
+                                  prefetch::ReadOutcome* outcome = nullptr);
+
+  // Plan lines naming view files (.views/SPEC/NAME/path.npy) stand for their source images
+  // (NAME/path); the SPEC becomes the one rendered ahead for NAME. nullopt for other lines.
+  std::optional<std::string> plan_source_path(std::string_view line,
+                                              const std::vector<prefetch::DatasetSnapshot>& all);
 
   ViewStats stats() const;
 
  private:
+  struct AheadItem {
+    const prefetch::DatasetSnapshot* dataset = nullptr;
+    uint32_t entry = 0;
+    uint32_t slot = 0;  // canonical
+    uint64_t rank = 0;
+    prefetch::ObjectBuffer source;
+  };
+  // The SPEC of a dataset read most recently, and when: what its predicted images are rendered as.
+  struct ActiveView {
+    uint32_t slot = 0;
+    std::chrono::steady_clock::time_point last_read{};
+  };
+
+  prefetch::ObjectKey key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                             uint32_t canonical_slot) const;
   prefetch::ObjectBuffer render(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
                                 const ViewRegistry::Slot& slot, const prefetch::ObjectKey& key);
+  // Decodes and transforms `encoded`; throws ViewRenderError (logged, counted and remembered).
+  prefetch::ObjectBuffer render_bytes(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                                      const ViewRegistry::Slot& slot,
+                                      const prefetch::ObjectKey& key,
+                                      std::span<const std::byte> encoded);
+  void set_active(uint32_t dataset, uint32_t canonical_slot);
+  void offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, uint64_t rank,
+             prefetch::ObjectBuffer source);
+  void render_ahead_loop();
+  // Renders one offered source; false when the view cache has no room for it yet.
+  bool render_ahead(AheadItem& item);
 
   prefetch::FileReader& reader_;
+  prefetch::ObjectCache& source_cache_;
   ViewRegistry registry_;
   prefetch::ObjectCache cache_;  // key: {dataset, chunk = canonical slot, generation, entry}
   std::unique_ptr<view::ViewService> service_;
@@ -146,6 +213,25 @@ class ViewFiles {
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> render_ns_{0};
   std::atomic<uint64_t> fetch_ns_{0};
+  std::atomic<uint64_t> reads_ready_{0};
+  std::atomic<uint64_t> reads_joined_{0};
+  std::atomic<uint64_t> reads_miss_{0};
+
+  // Rendering ahead.
+  mutable std::mutex ahead_mutex_;
+  std::condition_variable ahead_work_;  // an offer, room in the view cache, or stopping
+  std::deque<AheadItem> ahead_queue_;
+  std::vector<ActiveView> active_;  // by dataset index; slot 0 with no last_read: none
+  bool ahead_stopping_ = false;
+  bool ahead_no_room_ = false;      // the view cache had no room for the next one
+  uint64_t ahead_room_serial_ = 0;  // view files read to their end, which frees room
+  std::vector<std::thread> ahead_threads_;
+  std::atomic<uint64_t> ahead_offered_{0};
+  std::atomic<uint64_t> ahead_rendered_{0};
+  std::atomic<uint64_t> ahead_already_{0};
+  std::atomic<uint64_t> ahead_dropped_{0};
+  std::atomic<uint64_t> ahead_errors_{0};
+  std::atomic<uint64_t> ahead_ns_{0};
 };
 
 }  // namespace dsfs::fs

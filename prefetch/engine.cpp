@@ -190,7 +190,8 @@ bool PrefetchEngine::active_locked(Clock::time_point now) const {
   return now - last_access_ < options_.idle_pause || now - plan_written_ < options_.idle_pause;
 }
 
-std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room) {
+std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
+                                                                std::vector<ReadySource>& ready) {
   std::vector<Fetch> out;
   std::lock_guard lock(mutex_);
   if (stopping_) return out;
@@ -228,6 +229,12 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room) {
       if (cache_.present(key)) {
         // Already here: keep it for this use, or a later prefetch could evict it as read.
         cache_.promote(key, held_->rank);
+        if (source_listener_ && chunks == 1) {
+          if (ObjectBuffer buffer = cache_.peek(key)) {
+            ready.push_back(ReadySource{
+                .dataset = d.index, .entry = entry, .rank = held_->rank, .buffer = buffer});
+          }
+        }
         continue;
       }
       if (!cache_.begin_prefetch(key, length, held_->rank)) {
@@ -241,6 +248,8 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room) {
                                    .dataset = d.index,
                                    .entry = entry,
                                    .verify = verify_,
+                                   .rank = held_->rank,
+                                   .single_object = chunks == 1,
                                    .sent = {}});
     }
     if (no_room) {
@@ -273,11 +282,16 @@ void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
       return;
     }
   }
-  cache_.finish_prefetch(fetch.key, std::move(buffer));
-  std::lock_guard lock(mutex_);
-  --inflight_objects_;
-  inflight_bytes_ -= fetch.length;
-  inflight_.on_fetched();
+  cache_.finish_prefetch(fetch.key, buffer);
+  {
+    std::lock_guard lock(mutex_);
+    --inflight_objects_;
+    inflight_bytes_ -= fetch.length;
+    inflight_.on_fetched();
+  }
+  if (source_listener_ && fetch.single_object) {
+    source_listener_(d, fetch.entry, fetch.rank, std::move(buffer));
+  }
 }
 
 void PrefetchEngine::abandon(const Fetch& fetch, const std::string& why) {
@@ -309,7 +323,11 @@ void PrefetchEngine::fetch_loop(size_t worker) {
     const size_t share = inflight_.max() / options_.connections + 1;
     try {
       if (outstanding.size() < share) {
-        std::vector<Fetch> batch = next_fetches(share - outstanding.size());
+        std::vector<ReadySource> ready;
+        std::vector<Fetch> batch = next_fetches(share - outstanding.size(), ready);
+        for (ReadySource& r : ready) {
+          source_listener_(datasets_[r.dataset], r.entry, r.rank, std::move(r.buffer));
+        }
         if (!batch.empty()) {
           if (!stream) {
             try {
@@ -372,6 +390,12 @@ void PrefetchEngine::resolve_plan_line(std::string_view line) {
   while (line.starts_with("./")) line.remove_prefix(2);
   while (line.starts_with('/')) line.remove_prefix(1);
   if (line.empty()) return;
+  const std::string_view original = line;
+  std::optional<std::string> mapped;
+  if (plan_line_mapper_) {
+    mapped = plan_line_mapper_(line);
+    if (mapped) line = *mapped;
+  }
   const size_t slash = line.find('/');
   const std::string_view name = line.substr(0, slash);
   const std::string_view rest = slash == std::string_view::npos ? "" : line.substr(slash + 1);
@@ -384,7 +408,7 @@ void PrefetchEngine::resolve_plan_line(std::string_view line) {
     }
     break;
   }
-  if (plan_unresolved_++ == 0) first_unresolved_ = std::string(line);
+  if (plan_unresolved_++ == 0) first_unresolved_ = std::string(original);
 }
 
 int PrefetchEngine::plan_write(uint64_t offset, std::string_view data) {

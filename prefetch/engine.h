@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -130,6 +131,18 @@ class PrefetchEngine {
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
 
+  // Told of each proposed file (stored in one object) once its bytes are in the cache, already
+  // there or just fetched, with the rank of its predicted use: the view renders ahead from it.
+  // Called on fetch threads without the engine's lock; it must be quick.
+  using SourceReadyListener =
+      std::function<void(const DatasetSnapshot&, uint32_t entry, uint64_t rank, ObjectBuffer)>;
+  // Maps a plan line to the dataset path it stands for ("" when it stands for none of its own),
+  // e.g. a .views file to its source image. Called under the engine's lock.
+  using PlanLineMapper = std::function<std::optional<std::string>(std::string_view line)>;
+  // Both before start(); they must stay callable until stop().
+  void set_source_listener(SourceReadyListener listener) { source_listener_ = std::move(listener); }
+  void set_plan_line_mapper(PlanLineMapper mapper) { plan_line_mapper_ = std::move(mapper); }
+
  private:
   struct Fetch {
     ObjectKey key;
@@ -138,11 +151,20 @@ class PrefetchEngine {
     uint32_t dataset = 0;
     uint32_t entry = 0;
     bool verify = false;
+    uint64_t rank = 0;
+    bool single_object = false;  // the whole file is this one object
     std::chrono::steady_clock::time_point sent;
+  };
+  struct ReadySource {
+    uint32_t dataset = 0;
+    uint32_t entry = 0;
+    uint64_t rank = 0;
+    ObjectBuffer buffer;
   };
   void fetch_loop(size_t worker);
   // Up to `room` fetches the leader proposes that the cache has room for. Empty: nothing now.
-  std::vector<Fetch> next_fetches(size_t room);
+  // Proposed files already cached are added to `ready` (when a source listener is set).
+  std::vector<Fetch> next_fetches(size_t room, std::vector<ReadySource>& ready);
   void finish(Fetch& fetch, store::ValueReply reply);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
@@ -175,6 +197,9 @@ class PrefetchEngine {
   bool plan_replacing_ = false;
   uint64_t plan_unresolved_ = 0;
   std::string first_unresolved_;
+
+  SourceReadyListener source_listener_;
+  PlanLineMapper plan_line_mapper_;
 
   std::atomic<uint64_t> gets_{0};
   std::atomic<uint64_t> failures_{0};

@@ -12,13 +12,17 @@ namespace dsfs::prefetch {
 FileReader::FileReader(ObjectCache& cache, ObjectFetcher& fetcher, bool verify)
     : cache_(cache), fetcher_(fetcher), verify_(verify) {}
 
+void FileReader::report_access(uint32_t dataset, uint32_t entry) {
+  if (engine_) engine_->record_access(dataset, entry);
+}
+
 std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t entry, uint64_t offset,
-                                    size_t size) {
+                                    size_t size, bool report) {
   const catalog::Catalog& catalog = *dataset.catalog;
   const catalog::CatalogEntry& file = catalog.entry(entry);
   if (file.is_dir) throw std::invalid_argument("FileReader::read on a directory");
   if (offset >= file.size || size == 0) return {};
-  if (offset == 0 && engine_) engine_->record_access(dataset.index, entry);
+  if (offset == 0 && report && engine_) engine_->record_access(dataset.index, entry);
   const uint64_t end = std::min<uint64_t>(file.size, offset + size);
 
   const uint64_t chunk_count = catalog.chunk_count(entry);

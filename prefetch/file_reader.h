@@ -31,9 +31,12 @@ class FileReader {
   FileReader(ObjectCache& cache, ObjectFetcher& fetcher, bool verify);
 
   // Up to `size` bytes of file `entry` from `offset` (fewer at the end of the file, none past
-  // it), as slices in order. Throws what ObjectFetcher throws.
+  // it), as slices in order. Throws what ObjectFetcher throws. A read from offset 0 is reported
+  // to the engine unless `report` is false (the view reports its own reads).
   std::vector<Slice> read(const DatasetSnapshot& dataset, uint32_t entry, uint64_t offset,
-                          size_t size);
+                          size_t size, bool report = true);
+  // Tells the engine (if any) that file `entry` of dataset `dataset` began to be read.
+  void report_access(uint32_t dataset, uint32_t entry);
 
   bool verify() const { return verify_; }
 

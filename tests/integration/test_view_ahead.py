@@ -1,0 +1,161 @@
+"""Rendering the view ahead, through a real mount and a real redis-server: a plan that names
+.views files has them decoded and transformed into the view cache before anyone reads them, byte
+for byte what rendering on read gives, never beyond --view-cache-size; undecodable images are EIO
+and counted once. Correctness only: the counters of stats.json, never timings."""
+import errno
+import json
+import os
+import random
+import time
+import unittest
+
+import numpy as np
+
+from harness import DsfsTestCase
+
+SPEC = "imagenet-eval"
+# 128-byte header, then 3 x 224 x 224 float32.
+VIEW_FILE_BYTES = 128 + 3 * 224 * 224 * 4
+
+
+class ViewAheadTest(DsfsTestCase):
+    def setUp(self):
+        super().setUp()
+        src = os.path.join(self.tmp, "src")
+        self.dsfs("synth", src, "--classes", "4", "--per-class", "15", "--seed", "5",
+                  redis=False)
+        self.good = sorted(os.path.relpath(os.path.join(d, f), src)
+                           for d, _, names in os.walk(src) for f in names)
+        # Undecodable: a JPEG cut off after its header, and text named .jpg.
+        self.bad = ["class_0000/cut_short.JPEG", "class_0001/not_a_jpeg.jpg"]
+        with open(os.path.join(src, self.good[0]), "rb") as f:
+            jpeg = f.read()
+        with open(os.path.join(src, self.bad[0]), "wb") as f:
+            f.write(jpeg[:600])
+        with open(os.path.join(src, self.bad[1]), "w") as f:
+            f.write("this is not an image\n")
+        self.dsfs("ingest", src, "--dataset", "va", "--progress", "none")
+
+    def stats(self, mnt):
+        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
+            return json.load(f)
+
+    def wait_for(self, mnt, what, done, timeout=300):
+        """Polls stats.json until done(stats) holds; fails naming `what` after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats(mnt)
+            if done(stats):
+                return stats
+            if time.monotonic() > deadline:
+                self.fail(f"{what}: not after {timeout} s; views stats: {stats['views']}")
+            time.sleep(0.05)
+
+    def wait_until_settled(self, mnt):
+        """Waits until rendering ahead has nothing more it can do: its counters stay the same
+        for a second (it waits for room, or has rendered everything offered)."""
+        last = None
+        while True:
+            views = self.stats(mnt)["views"]
+            now = (views["ahead"]["rendered"], views["ahead"]["already"],
+                   views["ahead"]["errors"], views["cache"]["bytes"])
+            if now == last:
+                return views
+            last = now
+            time.sleep(1)
+
+    def view_path(self, mnt, rel):
+        return os.path.join(mnt, ".views", SPEC, "va", rel + ".npy")
+
+    def write_plan(self, mnt, order, extra=()):
+        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
+            f.write("".join(f".views/{SPEC}/va/{rel}.npy\n" for rel in order))
+            f.write("".join(f"{line}\n" for line in extra))
+
+    def read_view(self, mnt, rel):
+        with open(self.view_path(mnt, rel), "rb") as f:
+            return f.read()
+
+    def reference(self):
+        """Every good image's view rendered on read: prefetching and rendering ahead off."""
+        ref = self.mount("--prefetch", "off", "--view-render-ahead", "0", name="ref")
+        files = {rel: self.read_view(ref, rel) for rel in self.good}
+        views = self.stats(ref)["views"]
+        self.assertEqual(views["ahead"]["threads"], 0)
+        self.assertEqual(views["ahead"]["rendered"], 0)
+        self.assertEqual(views["rendered"], len(self.good))
+        self.umount(ref)
+        return files
+
+    def test_a_planned_epoch_of_view_files_is_rendered_before_it_is_read(self):
+        expected = self.reference()
+        mnt = self.mount("--view-render-ahead", "2", "--view-cache-size", "256MiB", name="ahead")
+        order = self.good + self.bad
+        random.Random(1).shuffle(order)
+        # One line names a SPEC that does not parse: it stands for nothing.
+        self.write_plan(mnt, order, extra=[f".views/resize=oops/va/{self.good[0]}.npy"])
+        plan = self.stats(mnt)["prefetch"]["plan"]
+        self.assertEqual(plan["entries"], len(order))
+        self.assertEqual(plan["unresolved"], 1)
+
+        # Nobody reads yet: the plan alone has every image fetched and rendered.
+        views = self.wait_for(
+            mnt, "every planned view rendered ahead",
+            lambda s: s["views"]["ahead"]["rendered"] == len(self.good)
+            and s["views"]["ahead"]["errors"] == len(self.bad))["views"]
+        self.assertEqual(views["rendered"], len(self.good))
+        self.assertEqual(views["reads"]["ready"] + views["reads"]["miss"], 0)
+
+        for rel in order:
+            if rel in self.bad:
+                with self.assertRaises(OSError) as caught:
+                    self.read_view(mnt, rel)
+                self.assertEqual(caught.exception.errno, errno.EIO, rel)
+                continue
+            data = self.read_view(mnt, rel)
+            self.assertEqual(data, expected[rel], rel)
+        array = np.load(self.view_path(mnt, self.good[0]))
+        self.assertEqual((array.shape, array.dtype), ((3, 224, 224), np.float32))
+
+        views = self.stats(mnt)["views"]
+        # Every image was found rendered; none was rendered twice; each bad one counted once.
+        self.assertEqual(views["reads"]["ready"], len(self.good), views["reads"])
+        self.assertEqual(views["reads"]["miss"], 0, views["reads"])
+        self.assertEqual(views["rendered"], len(self.good))
+        self.assertEqual(views["render_errors"], len(self.bad))
+        self.assertEqual(views["ahead"]["errors"], len(self.bad))
+        # The reads reached the prefetch engine as reads of the planned files.
+        self.assertEqual(self.stats(mnt)["prefetch"]["plan"]["position"], len(order))
+
+    def test_rendering_ahead_never_exceeds_the_view_cache(self):
+        expected = self.reference()
+        fits = 12
+        capacity = fits * VIEW_FILE_BYTES + VIEW_FILE_BYTES // 2
+        mnt = self.mount("--view-render-ahead", "2", "--view-cache-size", str(capacity),
+                         name="ahead")
+        order = self.good[:]
+        random.Random(2).shuffle(order)
+        self.write_plan(mnt, order)
+        self.wait_for(mnt, f"{fits} views rendered ahead",
+                      lambda s: s["views"]["ahead"]["rendered"] >= fits)
+        views = self.wait_until_settled(mnt)
+        cache = views["cache"]
+        self.assertLessEqual(cache["bytes"] + cache["reserved_bytes"], capacity, cache)
+        self.assertEqual(cache["entries"], fits, cache)
+        self.assertGreater(views["ahead"]["queued"], 0, "the rest waits for room")
+
+        for i, rel in enumerate(order):
+            self.assertEqual(self.read_view(mnt, rel), expected[rel], rel)
+            if i % 8 == 0:
+                cache = self.stats(mnt)["views"]["cache"]
+                self.assertLessEqual(cache["bytes"] + cache["reserved_bytes"], capacity, cache)
+        views = self.stats(mnt)["views"]
+        # The first `fits` of the plan were waiting in the cache (the earliest predicted uses
+        # keep their room); reading them freed room for more ahead.
+        self.assertGreaterEqual(views["reads"]["ready"], fits, views["reads"])
+        self.assertGreater(views["ahead"]["rendered"], fits, views["ahead"])
+        self.assertLessEqual(views["cache"]["bytes"], capacity)
+
+
+if __name__ == "__main__":
+    unittest.main()
