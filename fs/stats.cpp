@@ -156,6 +156,7 @@ nlohmann::ordered_json views_json(const ViewStats& v) {
         {"rendered", v.ahead.rendered},
         {"already", v.ahead.already},
         {"dropped", v.ahead.dropped},
+        {"unordered", v.ahead.unordered},
         {"errors", v.ahead.errors},
         {"seconds", v.ahead.seconds}}},
       {"cache", cache_json(v.cache)},

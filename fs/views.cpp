@@ -278,6 +278,12 @@ std::optional<std::string> ViewFiles::plan_source_path(
 
 void ViewFiles::offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, uint64_t rank,
                       prefetch::ObjectBuffer source) {
+  // Unordered guesses (any unread image of a shuffled epoch) are not rendered: the view cache
+  // holds a fraction of them, and a reader's miss would evict one rendered for nothing.
+  if (rank >= prefetch::ObjectCache::kUnorderedRank) {
+    ahead_unordered_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   {
     std::lock_guard lock(ahead_mutex_);
     if (ahead_stopping_ || dataset.index >= active_.size()) return;
@@ -483,6 +489,7 @@ ViewStats ViewFiles::stats() const {
       .rendered = load(ahead_rendered_),
       .already = load(ahead_already_),
       .dropped = load(ahead_dropped_),
+      .unordered = load(ahead_unordered_),
       .errors = load(ahead_errors_),
       .seconds = static_cast<double>(load(ahead_ns_)) / 1e9,
   };

@@ -92,14 +92,15 @@ class ViewRenderError : public std::runtime_error {
 // Rendering ahead: the prefetch engine offers each predicted source image once its bytes are
 // cached; while a SPEC of that dataset is being read, it is rendered into the view cache.
 struct RenderAheadStats {
-  unsigned threads = 0;   // 0: off
-  uint64_t queued = 0;    // offered, waiting for a thread (or for room in the view cache)
-  uint64_t offered = 0;   // predicted sources offered while a view of theirs was read
-  uint64_t rendered = 0;  // view files rendered ahead
-  uint64_t already = 0;   // offered when already rendered or being rendered (kept for use)
-  uint64_t dropped = 0;   // offered while the queue was full, or stale when their turn came
-  uint64_t errors = 0;    // undecodable sources met ahead (counted in render_errors too)
-  double seconds = 0;     // decode + transform ahead, summed over threads
+  unsigned threads = 0;    // 0: off
+  uint64_t queued = 0;     // offered, waiting for a thread (or for room in the view cache)
+  uint64_t offered = 0;    // predicted sources offered while a view of theirs was read
+  uint64_t rendered = 0;   // view files rendered ahead
+  uint64_t already = 0;    // offered when already rendered or being rendered (kept for use)
+  uint64_t dropped = 0;    // offered while the queue was full, or stale when their turn came
+  uint64_t unordered = 0;  // offered without a known order (shuffled, no plan): not rendered
+  uint64_t errors = 0;     // undecodable sources met ahead (counted in render_errors too)
+  double seconds = 0;      // decode + transform ahead, summed over threads
 };
 
 struct ViewStats {
@@ -230,6 +231,7 @@ class ViewFiles {
   std::atomic<uint64_t> ahead_rendered_{0};
   std::atomic<uint64_t> ahead_already_{0};
   std::atomic<uint64_t> ahead_dropped_{0};
+  std::atomic<uint64_t> ahead_unordered_{0};
   std::atomic<uint64_t> ahead_errors_{0};
   std::atomic<uint64_t> ahead_ns_{0};
 };

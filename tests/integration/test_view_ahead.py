@@ -9,9 +9,16 @@ import random
 import time
 import unittest
 
+import sys
+
 import numpy as np
+import torch
+import torchvision
 
 from harness import DsfsTestCase
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
+from dsfs_torch import PlanSampler  # noqa: E402
 
 SPEC = "imagenet-eval"
 # 128-byte header, then 3 x 224 x 224 float32.
@@ -155,6 +162,45 @@ class ViewAheadTest(DsfsTestCase):
         self.assertGreaterEqual(views["reads"]["ready"], fits, views["reads"])
         self.assertGreater(views["ahead"]["rendered"], fits, views["ahead"])
         self.assertLessEqual(views["cache"]["bytes"], capacity)
+
+    def test_a_dataloader_with_a_plan_sampler_over_the_view_gets_it_rendered_ahead(self):
+        mnt = self.mount("--view-render-ahead", "2", name="ahead")
+        root = os.path.join(mnt, ".views", SPEC, "va")
+        bad_names = {os.path.basename(rel) + ".npy" for rel in self.bad}
+        dataset = torchvision.datasets.DatasetFolder(
+            root, loader=np.load,
+            is_valid_file=lambda p: p.endswith(".npy") and os.path.basename(p) not in bad_names)
+        self.assertEqual(len(dataset), len(self.good))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2,
+                                             sampler=PlanSampler(dataset))
+        seen = 0
+        for tensors, labels in loader:
+            self.assertEqual(tuple(tensors.shape[1:]), (3, 224, 224))
+            seen += len(labels)
+        self.assertEqual(seen, len(self.good))
+        stats = self.stats(mnt)
+        self.assertEqual(stats["prefetch"]["plan"]["entries"], len(self.good))
+        self.assertEqual(stats["prefetch"]["plan"]["unresolved"], 0)
+        plan = next(p for p in stats["prefetch"]["predictors"] if p["name"] == "plan")
+        self.assertEqual(plan["foreseen"], len(self.good), plan)  # view reads reached the engine
+        views = stats["views"]
+        reads = views["reads"]
+        self.assertEqual(reads["ready"] + reads["joined"] + reads["miss"], len(self.good), reads)
+        self.assertGreater(views["ahead"]["rendered"], 0, views["ahead"])
+        # Rendered ahead or on read, each image once.
+        self.assertEqual(views["rendered"], len(self.good))
+
+    def test_shuffled_reads_without_a_plan_render_nothing_ahead(self):
+        # Any unread image may come next: guesses would mostly be evicted before their read.
+        mnt = self.mount("--view-render-ahead", "2", name="ahead")
+        order = self.good[:]
+        random.Random(3).shuffle(order)
+        for rel in order:
+            self.read_view(mnt, rel)
+        views = self.stats(mnt)["views"]
+        self.assertEqual(views["ahead"]["rendered"], 0, views["ahead"])
+        self.assertGreater(views["ahead"]["unordered"], 0, views["ahead"])
+        self.assertEqual(views["reads"]["miss"] + views["reads"]["joined"], len(self.good))
 
 
 if __name__ == "__main__":
