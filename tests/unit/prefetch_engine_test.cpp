@@ -8,7 +8,10 @@
 #include <cerrno>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -76,7 +79,8 @@ class PrefetchEngineTest : public ::testing::Test {
     }
   }
 
-  void make_engine(uint64_t cache_bytes, PrefetchMode mode) {
+  void make_engine(uint64_t cache_bytes, PrefetchMode mode,
+                   const std::function<void(PrefetchEngine&)>& before_start = {}) {
     engine_.reset();
     reader_.reset();
     cache_ = std::make_unique<ObjectCache>(cache_bytes);
@@ -85,6 +89,7 @@ class PrefetchEngineTest : public ::testing::Test {
         *cache_, fetcher_, datasets_, redis_.endpoint(), false,
         EngineOptions{.mode = mode, .connections = 3, .connect = {.connect_timeout = 500ms}});
     reader_->set_engine(engine_.get());
+    if (before_start) before_start(*engine_);
     engine_->start();
   }
 
@@ -136,6 +141,52 @@ TEST_F(PrefetchEngineTest, APlanIsFetchedAheadAndServedWithoutAGet) {
   EXPECT_EQ(stats.plan_position, kFiles);
   EXPECT_EQ(stats.plan_unresolved, 0u);
   EXPECT_EQ(cache_->stats().used_bytes, cache_->stats().prefetched_bytes);
+}
+
+// What the view renders ahead from: every planned file, once its bytes are cached, with the rank
+// of its place in the plan; plan lines may be mapped first (a .views path to its source).
+TEST_F(PrefetchEngineTest, PlannedFilesAreOfferedOnceCachedWithTheirRankAndBytes) {
+  std::mutex mutex;
+  std::map<uint32_t, uint64_t> first_rank;  // by entry
+  std::vector<std::string> wrong_bytes;
+  make_engine(64 << 20, PrefetchMode::kAuto, [&](PrefetchEngine& engine) {
+    engine.set_source_listener(
+        [&](const DatasetSnapshot& d, uint32_t entry, uint64_t rank, ObjectBuffer buffer) {
+          std::lock_guard lock(mutex);
+          first_rank.try_emplace(entry, rank);
+          const std::string path(d.catalog->path(entry));
+          const uint32_t i = static_cast<uint32_t>(std::stoul(path.substr(path.find('f') + 1)));
+          if (buffer->bytes() != file_bytes(i)) wrong_bytes.push_back(path);
+        });
+    engine.set_plan_line_mapper([](std::string_view line) -> std::optional<std::string> {
+      if (!line.starts_with("alias/")) return std::nullopt;
+      return fmt::format("{}/{}", kName, line.substr(6));
+    });
+  });
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(9));
+  std::string text;
+  for (size_t k = 0; k < order.size(); ++k) {
+    text +=
+        fmt::format("{}{}\n", k % 2 ? "alias/" : fmt::format("{}/", kName), file_path(order[k]));
+  }
+  text += "alias/c0/nope.bin\n";
+  ASSERT_EQ(engine_->plan_write(0, text), 0);
+  EXPECT_EQ(engine_->stats().plan_entries, kFiles);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mutex);
+    return first_rank.size() == kFiles;
+  }));
+  std::lock_guard lock(mutex);
+  EXPECT_TRUE(wrong_bytes.empty()) << wrong_bytes.front();
+  std::vector<std::pair<uint64_t, uint32_t>> by_rank;
+  for (const auto& [entry, rank] : first_rank) by_rank.emplace_back(rank, entry);
+  std::sort(by_rank.begin(), by_rank.end());
+  for (size_t k = 0; k < order.size(); ++k) {
+    ASSERT_EQ(by_rank[k].second, entry_of_file(order[k])) << "plan position " << k;
+  }
 }
 
 TEST_F(PrefetchEngineTest, OffFetchesNothingAhead) {
