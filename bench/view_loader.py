@@ -12,6 +12,9 @@ unix socket and mounts it; then, on the same cores, for each of --runs runs (med
   JPEG via dsfs        ImageFolder + Resize(256)/CenterCrop(224)/ToTensor/Normalize in the
                        workers, reading the JPEGs from a fresh mount
   JPEG from tmpfs      the same from a copy of the JPEGs on tmpfs (/dev/shm)
+  views + PlanSampler  a first epoch of views whose order dsfs_torch.PlanSampler writes to
+                       the plan, rendered on read (--view-render-ahead 0) against rendered
+                       ahead (the default), with 1 worker and with --workers
 
 CPU seconds are reported per epoch for the loader (main process and its workers) and for the
 dsfs daemon (/proc/PID/stat), so the view's cost is not hidden in another process. Writes
@@ -38,6 +41,9 @@ import torchvision
 import torchvision.transforms as T
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools", "python"))
+from dsfs_torch import PlanSampler  # noqa: E402
+
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 DATASET = "bench"
@@ -79,11 +85,16 @@ def process_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def epoch(dataset, workers, batch, seed, daemon_pid=None):
-    """One shuffled pass; returns images/s and CPU seconds (loader, dsfs daemon)."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers,
-                                         shuffle=True,
-                                         generator=torch.Generator().manual_seed(seed))
+def epoch(dataset, workers, batch, seed, daemon_pid=None, sampler=None):
+    """One shuffled pass (in `sampler`'s order when given); returns images/s and CPU seconds
+    (loader, dsfs daemon)."""
+    if sampler is None:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers,
+                                             shuffle=True,
+                                             generator=torch.Generator().manual_seed(seed))
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers,
+                                             sampler=sampler)
     daemon_before = process_cpu_seconds(daemon_pid) if daemon_pid else 0.0
     cpu_before = cpu_seconds_self_and_children()
     start = time.perf_counter()
@@ -144,9 +155,10 @@ class Bench:
         shutil.copytree(source, self.tmpfs_copy)
         os.makedirs(self.mnt)
 
-    def mount(self):
+    def mount(self, *extra):
         self.run_dsfs("mount", self.mnt, "--redis", self.url, "--view-backend",
-                      self.args.view_backend, "--log-file", os.path.join(self.tmp, "mount.log"))
+                      self.args.view_backend, "--log-file", os.path.join(self.tmp, "mount.log"),
+                      *extra)
         self.mounted = True
         with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
             self.backend = json.load(f)["views"]["backend"]
@@ -185,15 +197,42 @@ class Bench:
 
         tmpfs = torchvision.datasets.ImageFolder(self.tmpfs_copy, eval_transform())
         result["jpeg_from_tmpfs"] = epoch(tmpfs, a.workers, a.batch, seed)
+
+        for workers in plan_worker_counts(a.workers):
+            for mode, threads in (("demand", "0"), ("ahead", "auto")):
+                pid = self.mount("--view-render-ahead", threads)
+                views = NpyFolder(os.path.join(self.mnt, ".views", SPEC, DATASET))
+                order = torch.utils.data.RandomSampler(
+                    views, generator=torch.Generator().manual_seed(seed))
+                sampler = PlanSampler(order, mount=self.mnt, paths=[p for p, _ in views.samples])
+                key = f"plan_{mode}_w{workers}"
+                result[key] = epoch(views, workers, a.batch, seed, pid, sampler=sampler)
+                with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
+                    result[key]["views"] = json.load(f)["views"]
+                self.umount()
         return result
 
 
-LABELS = {
-    "views_first_epoch": "views, first epoch (dsfs renders)",
-    "views_second_epoch": "views, second epoch (page cache)",
-    "jpeg_via_dsfs": "JPEG + torchvision transform, via dsfs",
-    "jpeg_from_tmpfs": "JPEG + torchvision transform, from tmpfs",
-}
+def plan_worker_counts(workers):
+    return sorted({1, workers})
+
+
+def labels(workers):
+    """Row keys and their labels, in table order."""
+    rows = {
+        "views_first_epoch": "views, first epoch (dsfs renders)",
+        "views_second_epoch": "views, second epoch (page cache)",
+        "jpeg_via_dsfs": "JPEG + torchvision transform, via dsfs",
+        "jpeg_from_tmpfs": "JPEG + torchvision transform, from tmpfs",
+    }
+    for w in plan_worker_counts(workers):
+        noun = "worker" if w == 1 else "workers"
+        rows[f"plan_demand_w{w}"] = f"views + PlanSampler, rendered on read, {w} {noun}"
+        rows[f"plan_ahead_w{w}"] = f"views + PlanSampler, rendered ahead, {w} {noun}"
+    return rows
+
+
+LABELS = {}  # set by main() from --workers
 
 
 def summarize(runs):
@@ -207,6 +246,12 @@ def summarize(runs):
                            if rows[0]["dsfs_cpu_s"] is not None else None),
             "images": rows[0]["images"],
         }
+        if "views" in rows[0]:  # how the view files were found, summed over runs
+            reads = [r["views"]["reads"] for r in rows]
+            total = sum(x["ready"] + x["joined"] + x["miss"] for x in reads)
+            summary[key]["views_ready_share"] = sum(x["ready"] for x in reads) / total
+            summary[key]["views_rendered_ahead"] = statistics.median(
+                r["views"]["ahead"]["rendered"] for r in rows)
     baseline = summary["jpeg_from_tmpfs"]["images_per_s"]
     for key in LABELS:
         summary[key]["vs_jpeg_from_tmpfs"] = summary[key]["images_per_s"] / baseline
@@ -217,8 +262,9 @@ def markdown(summary, backend, meta):
     lines = [f"{meta['images']} synthetic ImageNet-like JPEGs, DataLoader with {meta['workers']} "
              f"workers, batch {meta['batch']}, {meta['cpus']} cores, view backend {backend}; "
              f"median of {meta['runs']} runs.", "",
-             "| loader | images/s | vs JPEG from tmpfs | loader CPU s | dsfs CPU s | CPU ms/image |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| loader | images/s | vs JPEG from tmpfs | loader CPU s | dsfs CPU s | CPU ms/image "
+             "| views found rendered |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for key, label in LABELS.items():
         s = summary[key]
         dsfs_cpu = s["dsfs_cpu_s"] or 0.0
@@ -226,7 +272,9 @@ def markdown(summary, backend, meta):
         lines.append(f"| {label} | {s['images_per_s']:.0f} | {s['vs_jpeg_from_tmpfs']:.2f}x | "
                      f"{s['loader_cpu_s']:.1f} | "
                      f"{'-' if s['dsfs_cpu_s'] is None else f'{dsfs_cpu:.1f}'} | "
-                     f"{per_image:.2f} |")
+                     f"{per_image:.2f} | "
+                     + (f"{100 * s['views_ready_share']:.0f}% |" if "views_ready_share" in s
+                        else "|"))
     return "\n".join(lines)
 
 
@@ -236,9 +284,11 @@ def plot(summary, backend, meta, path):
     import matplotlib.pyplot as plt
     keys = list(LABELS)
     values = [summary[k]["images_per_s"] for k in keys]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    bars = ax.barh([LABELS[k] for k in keys], values,
-                   color=["#2b8cbe", "#7bccc4", "#fdae61", "#d7191c"])
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.45 * len(keys)))
+    palette = {"views_first_epoch": "#2b8cbe", "views_second_epoch": "#7bccc4",
+               "jpeg_via_dsfs": "#fdae61", "jpeg_from_tmpfs": "#d7191c"}
+    colors = [palette.get(k, "#756bb1" if "ahead" in k else "#bcbddc") for k in keys]
+    bars = ax.barh([LABELS[k] for k in keys], values, color=colors)
     ax.invert_yaxis()
     for bar, value in zip(bars, values):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.0f}",
@@ -267,6 +317,7 @@ def main():
                     help="output path without extension (default bench/results/view_loader)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    LABELS.update(labels(args.workers))
     # More workers than cores is the point of the comparison, not a mistake to warn about.
     warnings.filterwarnings("ignore", message="This DataLoader will create")
 

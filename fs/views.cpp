@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -207,7 +208,7 @@ prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset,
   if (!slot) throw std::logic_error(fmt::format("view slot {} is not registered", canonical_slot));
   if (offset == 0) {
     reader_.report_access(dataset.index, entry);
-    set_active(dataset.index, canonical_slot);
+    set_active(dataset, canonical_slot, entry);
   }
   bytes_read_.fetch_add(length, std::memory_order_relaxed);
   if (offset + length <= slot->header.size()) {
@@ -245,12 +246,18 @@ prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset,
   return file;
 }
 
-void ViewFiles::set_active(uint32_t dataset, uint32_t canonical_slot) {
+void ViewFiles::set_active(const prefetch::DatasetSnapshot& dataset, uint32_t canonical_slot,
+                           std::optional<uint32_t> entry) {
   if (ahead_threads_.empty()) return;
   std::lock_guard lock(ahead_mutex_);
-  if (active_.size() <= dataset) active_.resize(dataset + 1);
-  active_[dataset] =
-      ActiveView{.slot = canonical_slot, .last_read = std::chrono::steady_clock::now()};
+  if (active_.size() <= dataset.index) active_.resize(dataset.index + 1);
+  ActiveView& active = active_[dataset.index];
+  active.slot = canonical_slot;
+  active.last_read = std::chrono::steady_clock::now();
+  if (entry) {
+    if (active.read_at.empty()) active.read_at.assign(dataset.catalog->entry_count(), 0);
+    active.read_at[*entry] = ++ahead_reads_;
+  }
 }
 
 std::optional<std::string> ViewFiles::plan_source_path(
@@ -269,7 +276,7 @@ std::optional<std::string> ViewFiles::plan_source_path(
   if (!found.slot) return std::string();
   for (const prefetch::DatasetSnapshot& d : all) {
     if (d.name() == name && d.index < kMaxViewDatasets) {
-      set_active(d.index, registry_.slot(*found.slot)->canonical);
+      set_active(d, registry_.slot(*found.slot)->canonical, std::nullopt);
       return std::string(*source);
     }
   }
@@ -297,11 +304,16 @@ void ViewFiles::offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, 
       ahead_dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    ahead_queue_.push_back(AheadItem{.dataset = &dataset,
-                                     .entry = entry,
-                                     .slot = active.slot,
-                                     .rank = rank,
-                                     .source = std::move(source)});
+    // In rank order: replies arrive out of order, and the sooner a file is read the sooner it
+    // must be rendered (mostly appended, so the scan from the back is short).
+    auto later = ahead_queue_.end();
+    while (later != ahead_queue_.begin() && std::prev(later)->rank > rank) --later;
+    ahead_queue_.insert(later, AheadItem{.dataset = &dataset,
+                                         .entry = entry,
+                                         .slot = active.slot,
+                                         .rank = rank,
+                                         .offered_at = ahead_reads_,
+                                         .source = std::move(source)});
   }
   ahead_work_.notify_one();
 }
@@ -323,10 +335,12 @@ void ViewFiles::render_ahead_loop() {
     }
     AheadItem item = std::move(ahead_queue_.front());
     ahead_queue_.pop_front();
-    // Offered for a SPEC no longer read (the loader moved on, or to another SPEC): not worth it.
+    // Offered for a SPEC no longer read (the loader moved on, or to another SPEC), or read since
+    // it was offered (the readers got ahead of rendering): not worth it.
     const ActiveView& active = active_[item.dataset->index];
     if (active.slot != item.slot ||
-        std::chrono::steady_clock::now() - active.last_read > kAheadActiveFor) {
+        std::chrono::steady_clock::now() - active.last_read > kAheadActiveFor ||
+        (!active.read_at.empty() && active.read_at[item.entry] > item.offered_at)) {
       ahead_dropped_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }

@@ -177,12 +177,14 @@ class ViewFiles {
     uint32_t entry = 0;
     uint32_t slot = 0;  // canonical
     uint64_t rank = 0;
+    uint64_t offered_at = 0;  // ahead_reads_ when offered
     prefetch::ObjectBuffer source;
   };
   // The SPEC of a dataset read most recently, and when: what its predicted images are rendered as.
   struct ActiveView {
     uint32_t slot = 0;
     std::chrono::steady_clock::time_point last_read{};
+    std::vector<uint64_t> read_at;  // by entry: ahead_reads_ when its view was last opened
   };
 
   prefetch::ObjectKey key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
@@ -194,7 +196,9 @@ class ViewFiles {
                                       const ViewRegistry::Slot& slot,
                                       const prefetch::ObjectKey& key,
                                       std::span<const std::byte> encoded);
-  void set_active(uint32_t dataset, uint32_t canonical_slot);
+  // `entry`: the view file opened (a plan names no file yet).
+  void set_active(const prefetch::DatasetSnapshot& dataset, uint32_t canonical_slot,
+                  std::optional<uint32_t> entry);
   void offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, uint64_t rank,
              prefetch::ObjectBuffer source);
   void render_ahead_loop();
@@ -224,6 +228,7 @@ class ViewFiles {
   std::deque<AheadItem> ahead_queue_;
   std::vector<ActiveView> active_;  // by dataset index; slot 0 with no last_read: none
   bool ahead_stopping_ = false;
+  uint64_t ahead_reads_ = 0;        // view files opened (of active datasets), a clock for read_at
   bool ahead_no_room_ = false;      // the view cache had no room for the next one
   uint64_t ahead_room_serial_ = 0;  // view files read to their end, which frees room
   std::vector<std::thread> ahead_threads_;
