@@ -76,7 +76,7 @@ unsigned render_ahead_threads(const std::string& text) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), threads);
   if (error != std::errc() || end != text.data() + text.size() || threads > 256) {
     throw std::invalid_argument(fmt::format(
-        "--view-render-ahead: '{}' is not auto or a number of threads from 0 to 256", text));
+        "'{}' is not auto or a number of threads from 0 to 256", text));
   }
   return threads;
 }
