@@ -294,9 +294,9 @@ def plot(summary, backend, meta, path):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.0f}",
                 va="center")
     ax.set_xlabel("images/s (median)")
-    ax.set_title(f"DataLoader({meta['workers']} workers), {meta['images']} images, "
-                 f"{meta['cpus']} cores:\n.npy from MOUNT/.views/{SPEC} ({backend}) vs "
-                 "JPEG + torchvision eval transform", fontsize=10)
+    ax.set_title(f"DataLoader ({meta['workers']} workers unless stated), {meta['images']} images, "
+                 f"{meta['cpus']} cores:\n.npy from .views/{SPEC} ({backend}) vs JPEG + "
+                 "torchvision", fontsize=10)
     ax.set_xlim(0, max(values) * 1.15)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -163,6 +163,17 @@ class ViewAheadTest(DsfsTestCase):
         self.assertGreater(views["ahead"]["rendered"], fits, views["ahead"])
         self.assertLessEqual(views["cache"]["bytes"], capacity)
 
+    def test_unmounting_while_renders_wait_for_room_does_not_hang(self):
+        capacity = 4 * VIEW_FILE_BYTES
+        mnt = self.mount("--view-render-ahead", "2", "--view-cache-size", str(capacity),
+                         name="ahead")
+        self.write_plan(mnt, self.good)
+        views = self.wait_for(mnt, "the view cache filled ahead",
+                              lambda s: s["views"]["ahead"]["rendered"] >= 4
+                              and s["views"]["ahead"]["queued"] > 0)["views"]
+        self.assertLessEqual(views["cache"]["bytes"] + views["cache"]["reserved_bytes"], capacity)
+        self.umount(mnt)  # waits for the daemon to exit; fails if it does not
+
     def test_a_dataloader_with_a_plan_sampler_over_the_view_gets_it_rendered_ahead(self):
         mnt = self.mount("--view-render-ahead", "2", name="ahead")
         root = os.path.join(mnt, ".views", SPEC, "va")
