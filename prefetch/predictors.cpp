@@ -353,10 +353,14 @@ void PredictionModel::begin_epoch(size_t carried_over) {
 }
 
 void PredictionModel::choose_leader() {
+  const size_t unordered = predictors_.size() - 1;  // the unread set: no order among its guesses
   size_t best = leader_;
   for (size_t i = 0; i < predictors_.size(); ++i) {
     if (!predictors_[i]->ready()) continue;
-    const double margin = i == leader_ ? 0 : kHysteresis;
+    // A challenger must do better by the margin, except that an order that foresees most reads
+    // about as well as the unread set takes over from it: it also says which file comes first.
+    double margin = i == leader_ ? 0 : kHysteresis;
+    if (i != unordered && best == unordered && scores_[i].score >= 0.5) margin = -kHysteresis;
     if (!predictors_[best]->ready() || scores_[i].score > scores_[best].score + margin) best = i;
   }
   if (!predictors_[best]->ready()) best = predictors_.size() - 1;

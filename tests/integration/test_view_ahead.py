@@ -201,6 +201,28 @@ class ViewAheadTest(DsfsTestCase):
         # Rendered ahead or on read, each image once.
         self.assertEqual(views["rendered"], len(self.good))
 
+    def test_reading_the_view_in_directory_order_gets_it_rendered_ahead(self):
+        # No plan: the engine learns the order from the view reads themselves.
+        mnt = self.mount("--view-render-ahead", "2", name="ahead")
+        expected = sorted(self.good + self.bad)
+        listed = []
+        for root, dirs, names in os.walk(os.path.join(mnt, ".views", SPEC, "va")):
+            dirs.sort()
+            listed += sorted(os.path.relpath(os.path.join(root, n), os.path.join(
+                mnt, ".views", SPEC, "va"))[:-len(".npy")] for n in names)
+        self.assertEqual(listed, expected)
+        for rel in listed:
+            try:
+                self.read_view(mnt, rel)
+            except OSError as e:
+                self.assertIn(rel, self.bad)
+                self.assertEqual(e.errno, errno.EIO)
+        stats = self.stats(mnt)
+        self.assertEqual(stats["prefetch"]["leader"], "sequential", stats["prefetch"])
+        views = stats["views"]
+        self.assertGreater(views["ahead"]["rendered"], 0, views["ahead"])
+        self.assertEqual(views["rendered"], len(self.good))
+
     def test_shuffled_reads_without_a_plan_render_nothing_ahead(self):
         # Any unread image may come next: guesses would mostly be evicted before their read.
         mnt = self.mount("--view-render-ahead", "2", name="ahead")

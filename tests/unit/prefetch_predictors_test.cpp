@@ -113,6 +113,17 @@ TEST(Predictors, SequentialReadsAreFollowedInDirectoryOrder) {
   EXPECT_GT(sim.hit_rate(), 0.99);
 }
 
+// When the lookahead covers every unread file, the unread set foresees every read too; an order
+// that does as well is worth more (the view renders ahead only what comes in a known order).
+TEST(Predictors, AnOrderForeseenAsWellAsTheUnreadSetLeads) {
+  PredictionModel model(shape_with(300));
+  model.set_lookahead(1000);
+  Simulation sim{model, 1000};
+  const std::vector<FileId> files = files_of(model.shape());
+  for (size_t i = 0; i < 150; ++i) sim.access(files[i]);
+  EXPECT_EQ(model.leader(), "sequential");
+}
+
 TEST(Predictors, SequentialToleratesSeveralWorkersReadingSideBySide) {
   PredictionModel model(shape_with(6000));
   model.set_lookahead(512);
