@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <malloc.h>
 #include <poll.h>
 #include <spawn.h>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -17,6 +18,7 @@
 #include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -75,10 +77,20 @@ unsigned render_ahead_threads(const std::string& text) {
   unsigned threads = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), threads);
   if (error != std::errc() || end != text.data() + text.size() || threads > 256) {
-    throw std::invalid_argument(fmt::format(
-        "'{}' is not auto or a number of threads from 0 to 256", text));
+    throw std::invalid_argument(
+        fmt::format("'{}' is not auto or a number of threads from 0 to 256", text));
   }
   return threads;
+}
+
+// Object buffers are allocated on the fetch threads and freed on whichever thread evicts them;
+// with glibc's default of 8 arenas per core, each arena kept its own high-water mark of freed
+// buffers (measured: 2-3x less RSS beyond the cache with 2, at the same throughput). Call before
+// the daemon starts its threads; MALLOC_ARENA_MAX in the environment wins.
+void limit_malloc_arenas() {
+  constexpr int kArenas = 2;
+  if (std::getenv("MALLOC_ARENA_MAX") != nullptr) return;
+  if (mallopt(M_ARENA_MAX, kArenas) != 1) spdlog::debug("mallopt(M_ARENA_MAX) failed");
 }
 
 // Units for durations: a bare number is seconds.
@@ -224,6 +236,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     ready_fd = daemonize_when_ready(mountpoint, log_file, dataset_count);
     lock.record_pid();
   }
+  limit_malloc_arenas();
   // After the fork: CUDA state does not survive one.
   try {
     filesystem.start_views();
