@@ -182,8 +182,7 @@ void Filesystem::start_views() {
   // Plans may name view files; they stand for their source images.
   engine_.set_plan_line_mapper(
       [this](std::string_view line) { return views_.plan_source_path(line, datasets_); });
-  views_.start(std::move(service), ahead ? &engine_ : nullptr,
-               ahead ? options_.view_render_ahead_threads : 0);
+  views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
 }
 
 const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {

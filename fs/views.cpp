@@ -7,7 +7,6 @@
 #include <array>
 #include <chrono>
 #include <cstring>
-#include <iterator>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -188,17 +187,15 @@ prefetch::ObjectKey ViewFiles::key_of(const prefetch::DatasetSnapshot& dataset, 
 }
 
 prefetch::ObjectBuffer ViewFiles::rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                           uint32_t canonical_slot,
-                                           prefetch::ReadOutcome* outcome) {
-  const ViewRegistry::Slot* slot = registry_.slot(canonical_slot);
-  if (!slot) throw std::logic_error(fmt::format("view slot {} is not registered", canonical_slot));
-  const prefetch::ObjectKey key = key_of(dataset, entry, canonical_slot);
+                                           const ViewRegistry::Slot& slot,
+                                           const prefetch::ObjectKey& key,
+                                           prefetch::ReadOutcome& outcome) {
   std::vector<prefetch::ObjectBuffer> files = cache_.get_many(
       std::span(&key, 1),
       [&](std::span<const prefetch::ObjectKey>) {
-        return std::vector<prefetch::ObjectBuffer>{render(dataset, entry, *slot, key)};
+        return std::vector<prefetch::ObjectBuffer>{render(dataset, entry, slot, key)};
       },
-      outcome);
+      &outcome);
   return std::move(files.front());
 }
 
@@ -215,8 +212,9 @@ prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset,
     header_reads_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
+  const prefetch::ObjectKey key = key_of(dataset, entry, canonical_slot);
   prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kReady;
-  prefetch::ObjectBuffer file = rendered(dataset, entry, canonical_slot, &outcome);
+  prefetch::ObjectBuffer file = rendered(dataset, entry, *slot, key, outcome);
   if (offset <= slot->header.size()) {  // the READ with the first tensor byte: once per file
     switch (outcome) {
       case prefetch::ReadOutcome::kReady:
@@ -232,7 +230,7 @@ prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset,
   }
   if (offset + length >= slot->file_size) {
     // Read to its end: the kernel's page cache has it now, so it goes first when room is needed.
-    cache_.mark_consumed(key_of(dataset, entry, canonical_slot));
+    cache_.mark_consumed(key);
     if (!ahead_threads_.empty()) {
       bool waiting = false;
       {
@@ -304,18 +302,23 @@ void ViewFiles::offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, 
       ahead_dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    // In rank order: replies arrive out of order, and the sooner a file is read the sooner it
-    // must be rendered (mostly appended, so the scan from the back is short).
-    auto later = ahead_queue_.end();
-    while (later != ahead_queue_.begin() && std::prev(later)->rank > rank) --later;
-    ahead_queue_.insert(later, AheadItem{.dataset = &dataset,
-                                         .entry = entry,
-                                         .slot = active.slot,
-                                         .rank = rank,
-                                         .offered_at = ahead_reads_,
-                                         .source = std::move(source)});
+    enqueue_locked(AheadItem{.dataset = &dataset,
+                             .entry = entry,
+                             .slot = active.slot,
+                             .rank = rank,
+                             .offered_at = ahead_reads_,
+                             .source = std::move(source)});
   }
   ahead_work_.notify_one();
+}
+
+void ViewFiles::enqueue_locked(AheadItem item) {
+  // In rank order: replies arrive out of order, and the sooner a file is read the sooner it must
+  // be rendered; one put back for want of room goes before later ones queued meanwhile.
+  const auto later =
+      std::upper_bound(ahead_queue_.begin(), ahead_queue_.end(), item.rank,
+                       [](uint64_t rank, const AheadItem& queued) { return rank < queued.rank; });
+  ahead_queue_.insert(later, std::move(item));
 }
 
 void ViewFiles::render_ahead_loop() {
@@ -348,11 +351,7 @@ void ViewFiles::render_ahead_loop() {
     const bool done = render_ahead(item);
     lock.lock();
     if (!done) {
-      // No room yet: back in line by its rank (another thread may have put one back too).
-      const auto later =
-          std::find_if(ahead_queue_.begin(), ahead_queue_.end(),
-                       [&](const AheadItem& other) { return other.rank > item.rank; });
-      ahead_queue_.insert(later, std::move(item));
+      enqueue_locked(std::move(item));  // no room yet: back in line
       ahead_no_room_ = true;
     }
   }

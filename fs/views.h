@@ -147,22 +147,13 @@ class ViewFiles {
   // `canonical_slot`: counts it, reports a read from offset 0 to the prefetch engine (as a read
   // of the source image: the order is the same) and returns the rendered file, or nullptr when
   // the range lies within the header. A READ reaching the end marks the file read in the cache.
-  // Throws what rendered() throws.
+  // Throws ViewRenderError for an undecodable image (logged and counted once per file, and
+  // remembered, so later reads fail at once), and what FileReader throws.
   prefetch::ObjectBuffer read(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
                               uint32_t canonical_slot, uint64_t offset, uint64_t length);
 
   ViewRegistry& registry() { return registry_; }
   const ViewRegistry& registry() const { return registry_; }
-
-  // The whole rendered file (header then tensor) of image `entry` of `dataset` under registered
-  // slot `canonical_slot` (a canonical one): from the cache, or fetched and rendered once however
-  // many readers ask at the same time. Throws ViewRenderError for an undecodable image (logged and
-  // counted once per file, and remembered, so later reads fail at once), and what FileReader
-  // throws.
-  // `outcome`, when given, receives how the cache found it.
-  prefetch::ObjectBuffer rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                  uint32_t canonical_slot,
-                                  prefetch::ReadOutcome* outcome = nullptr);
 
   // Plan lines naming view files (.views/SPEC/NAME/path.npy) stand for their source images
   // (NAME/path); the SPEC becomes the one rendered ahead for NAME. nullopt for other lines.
@@ -189,6 +180,11 @@ class ViewFiles {
 
   prefetch::ObjectKey key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
                              uint32_t canonical_slot) const;
+  // The whole file (header then tensor) under `key` from the cache, or fetched and rendered once
+  // however many readers ask at the same time; `outcome` receives how the cache found it.
+  prefetch::ObjectBuffer rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                                  const ViewRegistry::Slot& slot, const prefetch::ObjectKey& key,
+                                  prefetch::ReadOutcome& outcome);
   prefetch::ObjectBuffer render(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
                                 const ViewRegistry::Slot& slot, const prefetch::ObjectKey& key);
   // Decodes and transforms `encoded`; throws ViewRenderError (logged, counted and remembered).
@@ -201,6 +197,8 @@ class ViewFiles {
                   std::optional<uint32_t> entry);
   void offer(const prefetch::DatasetSnapshot& dataset, uint32_t entry, uint64_t rank,
              prefetch::ObjectBuffer source);
+  // Queues `item` by rank (the queue is kept sorted). Needs ahead_mutex_.
+  void enqueue_locked(AheadItem item);
   void render_ahead_loop();
   // Renders one offered source; false when the view cache has no room for it yet.
   bool render_ahead(AheadItem& item);

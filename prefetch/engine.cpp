@@ -228,12 +228,12 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
       const uint64_t length = ObjectFetcher::chunk_length(catalog, entry, chunk);
       if (cache_.present(key)) {
         // Already here: keep it for this use, or a later prefetch could evict it as read.
-        cache_.promote(key, held_->rank);
-        if (source_listener_ && chunks == 1) {
-          if (ObjectBuffer buffer = cache_.peek(key)) {
-            ready.push_back(ReadySource{
-                .dataset = d.index, .entry = entry, .rank = held_->rank, .buffer = buffer});
-          }
+        ObjectBuffer cached = cache_.promote(key, held_->rank);  // nullptr while loading
+        if (source_listener_ && chunks == 1 && cached) {
+          ready.push_back(ReadySource{.dataset = d.index,
+                                      .entry = entry,
+                                      .rank = held_->rank,
+                                      .buffer = std::move(cached)});
         }
         continue;
       }

@@ -290,14 +290,16 @@ void ObjectCache::mark_consumed(const ObjectKey& key) {
   set_standing_locked(key, it->second, Standing::kConsumed, ++clock_);
 }
 
-void ObjectCache::promote(const ObjectKey& key, uint64_t rank) {
+ObjectBuffer ObjectCache::promote(const ObjectKey& key, uint64_t rank) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(key);
-  if (it == entries_.end()) return;
+  if (it == entries_.end()) return nullptr;
   Entry& entry = it->second;
-  if (entry.victim.standing == Standing::kPredicted && entry.rank <= rank) return;
-  entry.rank = rank;
-  set_standing_locked(key, entry, Standing::kPredicted, ~rank);
+  if (entry.victim.standing != Standing::kPredicted || entry.rank > rank) {
+    entry.rank = rank;
+    set_standing_locked(key, entry, Standing::kPredicted, ~rank);
+  }
+  return entry.buffer;
 }
 
 void ObjectCache::new_epoch() {

@@ -105,8 +105,9 @@ class ObjectCache {
   // A reader has read this object to its end: the first to go when room is needed.
   void mark_consumed(const ObjectKey& key);
   // The cached object is predicted to be read at `rank`: it stays like a prefetch of that rank
-  // (an object already read, or predicted later, is kept for this use). No-op if not cached.
-  void promote(const ObjectKey& key, uint64_t rank);
+  // (an object already read, or predicted later, is kept for this use). Returns it, or nullptr
+  // (changing nothing) when it is not cached.
+  ObjectBuffer promote(const ObjectKey& key, uint64_t rank);
   // A new epoch: objects read in the last one are as likely as any unread object to be read
   // again, so they stay, ranked kUnorderedRank.
   void new_epoch();
