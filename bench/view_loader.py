@@ -43,6 +43,7 @@ import torchvision.transforms as T
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools", "python"))
 from dsfs_torch import PlanSampler  # noqa: E402
+from common import RedisServer, mount_daemon_pid, process_usage  # noqa: E402
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -80,9 +81,7 @@ def cpu_seconds_self_and_children():
 
 
 def process_cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return process_usage(pid)["cpu_s"]
 
 
 def epoch(dataset, workers, batch, seed, daemon_pid=None, sampler=None):
@@ -124,8 +123,6 @@ class Bench:
         self.shm = tempfile.mkdtemp(prefix="dsfs-view-loader-", dir="/dev/shm")
         self.env = dict(os.environ, DSFS_HOME=os.path.join(self.tmp, "home"))
         self.env.pop("DSFS_REDIS", None)
-        self.socket = os.path.join(self.tmp, "redis.sock")
-        self.url = f"unix://{self.socket}"
         self.mnt = os.path.join(self.tmp, "mnt")
         self.redis = None
         self.mounted = False
@@ -137,14 +134,8 @@ class Bench:
                                f"{done.stdout}{done.stderr}")
 
     def start(self):
-        self.redis = subprocess.Popen(
-            ["redis-server", "--port", "0", "--unixsocket", self.socket, "--save", "",
-             "--appendonly", "no", "--dir", self.tmp], stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(self.socket):
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
+        self.redis = RedisServer(self.tmp)
+        self.url = self.redis.url
         source = os.path.join(self.tmp, "src")
         classes = self.args.classes
         per_class = max(1, self.args.images // classes)
@@ -162,9 +153,10 @@ class Bench:
         self.mounted = True
         with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
             self.backend = json.load(f)["views"]["backend"]
-        lock = subprocess.run(["pgrep", "-f", f"dsfs mount {self.mnt} "], capture_output=True,
-                              text=True).stdout.split()
-        return int(lock[0])
+        pid = mount_daemon_pid(self.mnt)
+        if pid is None:
+            raise RuntimeError(f"no dsfs mount daemon found for {self.mnt}")
+        return pid
 
     def umount(self):
         self.run_dsfs("umount", self.mnt)
@@ -174,8 +166,7 @@ class Bench:
         if self.mounted:
             subprocess.run([self.dsfs, "umount", self.mnt], env=self.env, capture_output=True)
         if self.redis:
-            self.redis.terminate()
-            self.redis.wait(timeout=20)
+            self.redis.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
         shutil.rmtree(self.shm, ignore_errors=True)
 
