@@ -61,6 +61,14 @@ def fs_type(path):
     return res.stdout.strip()
 
 
+def private_env(workdir):
+    """The environment for dsfs commands of a benchmark: its own DSFS_HOME under `workdir`, and no
+    DSFS_REDIS from the caller (every command names the Redis it uses)."""
+    env = dict(os.environ, DSFS_HOME=os.path.join(workdir, "home"))
+    env.pop("DSFS_REDIS", None)
+    return env
+
+
 def wait_for_socket(path, proc, what, timeout=20):
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -41,8 +41,8 @@ from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (REPO, Proxy, RedisServer, drop_caches, load_average, log,  # noqa: E402
-                    machine_info, median, mount_daemon_pid, process_usage, run, synth_dataset,
-                    tree_info, update_docs_section)
+                    machine_info, median, mount_daemon_pid, private_env, process_usage, run,
+                    synth_dataset, tree_info, update_docs_section)
 
 JOBS = 8
 DOCS_START = "<!-- bench/prefetch.py: start -->"
@@ -185,8 +185,7 @@ class Bench:
         if not os.access(self.dsfs, os.X_OK):
             sys.exit(f"bench: {self.dsfs} is missing; build first (scripts/build {args.build})")
         self.workdir = tempfile.mkdtemp(prefix="dsfs-prefetch-bench-")
-        self.env = dict(os.environ, DSFS_HOME=os.path.join(self.workdir, "home"))
-        self.env.pop("DSFS_REDIS", None)
+        self.env = private_env(self.workdir)
         self.mnt = os.path.join(self.workdir, "mnt")
         os.makedirs(self.mnt)
         self.redis = None

@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
-from common import (REPO, Proxy, RedisServer, drop_caches, fs_type, log, machine_info, median,
-                    run, synth_dataset, tree_info, update_docs_section)
+from common import (REPO, Proxy, RedisServer, drop_caches, log, machine_info, median,
+                    private_env, run, synth_dataset, tree_info, update_docs_section)
 
 H100_SAMPLES_PER_S = 1786  # MLPerf Storage ResNet-50: one H100 at full speed
 UTILIZATION_BAR = 0.9
@@ -39,8 +39,7 @@ class Bench:
             if not os.access(exe, os.X_OK):
                 sys.exit(f"bench: {exe} is missing; build first (scripts/build {args.build})")
         self.workdir = tempfile.mkdtemp(prefix="dsfs-bench-")
-        self.env = dict(os.environ, DSFS_HOME=os.path.join(self.workdir, "home"))
-        self.env.pop("DSFS_REDIS", None)
+        self.env = private_env(self.workdir)
         self.mnt = os.path.join(self.workdir, "mnt")
         os.makedirs(self.mnt)
         self.redis = None

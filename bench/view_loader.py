@@ -43,7 +43,7 @@ import torchvision.transforms as T
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools", "python"))
 from dsfs_torch import PlanSampler  # noqa: E402
-from common import RedisServer, mount_daemon_pid, process_usage  # noqa: E402
+from common import RedisServer, mount_daemon_pid, private_env, process_usage  # noqa: E402
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -121,8 +121,7 @@ class Bench:
             sys.exit(f"no dsfs binary at {self.dsfs}; build it or pass --build")
         self.tmp = tempfile.mkdtemp(prefix="dsfs-view-loader-")
         self.shm = tempfile.mkdtemp(prefix="dsfs-view-loader-", dir="/dev/shm")
-        self.env = dict(os.environ, DSFS_HOME=os.path.join(self.tmp, "home"))
-        self.env.pop("DSFS_REDIS", None)
+        self.env = private_env(self.tmp)
         self.mnt = os.path.join(self.tmp, "mnt")
         self.redis = None
         self.mounted = False
