@@ -1,0 +1,84 @@
+#include "src/store/log_text.h"
+
+#include <fmt/format.h>
+
+namespace dsfs::store {
+namespace {
+
+// Length of the valid UTF-8 sequence starting at text[0], or 0 if it is not one (overlong
+// forms, surrogates and code points above U+10FFFF are invalid).
+std::size_t utf8_sequence_length(std::string_view text) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(0);
+  std::size_t length = 0;
+  char32_t code_point = 0;
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2, code_point = lead & 0x1F;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3, code_point = lead & 0x0F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4, code_point = lead & 0x07;
+  } else {
+    return 0;
+  }
+  if (text.size() < length) return 0;
+  for (std::size_t i = 1; i < length; ++i) {
+    if ((byte(i) & 0xC0) != 0x80) return 0;
+    code_point = (code_point << 6) | (byte(i) & 0x3F);
+  }
+  const bool overlong =
+      (length == 3 && code_point < 0x800) || (length == 4 && code_point < 0x10000);
+  const bool surrogate = code_point >= 0xD800 && code_point <= 0xDFFF;
+  if (overlong || surrogate || code_point > 0x10FFFF) return 0;
+  if (code_point >= 0x80 && code_point <= 0x9F) return 0;  // C1 controls: escape them
+  return length;
+}
+
+}  // namespace
+
+std::string log_text(std::string_view user_bytes, std::size_t max_bytes) {
+  const std::string_view shown = user_bytes.substr(0, max_bytes);
+  std::string out;
+  out.reserve(shown.size() + 16);
+  for (std::size_t i = 0; i < shown.size();) {
+    const auto c = static_cast<unsigned char>(shown[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\\') {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        ++i;
+        continue;
+      case '\n':
+        out += "\\n";
+        ++i;
+        continue;
+      case '\r':
+        out += "\\r";
+        ++i;
+        continue;
+      case '\t':
+        out += "\\t";
+        ++i;
+        continue;
+      default:
+        break;
+    }
+    if (const std::size_t length = c >= 0x80 ? utf8_sequence_length(shown.substr(i)) : 0) {
+      out.append(shown.substr(i, length));
+      i += length;
+      continue;
+    }
+    out += fmt::format("\\x{:02x}", c);
+    ++i;
+  }
+  if (user_bytes.size() > shown.size()) {
+    out += fmt::format("...(+{} bytes)", user_bytes.size() - shown.size());
+  }
+  return out;
+}
+
+}  // namespace dsfs::store

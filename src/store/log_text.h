@@ -1,0 +1,19 @@
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace dsfs::store {
+
+// The longest excerpt of user-supplied bytes a log line or error message carries.
+inline constexpr std::size_t kLogExcerptBytes = 200;
+
+// Makes bytes a user, a file or a server supplied safe to put in a log line or an error
+// message: valid UTF-8 printable text passes unchanged; control characters (C0, DEL, C1), a
+// backslash and bytes that are not valid UTF-8 are escaped (\n, \t, \\, \xNN); at most
+// max_bytes of the input are shown, and a cut is marked with how many bytes were left out
+// ("...(+N bytes)"). The result is never longer than about 4 * max_bytes + 20 characters.
+// Pure function; safe from any thread.
+std::string log_text(std::string_view user_bytes, std::size_t max_bytes = kLogExcerptBytes);
+
+}  // namespace dsfs::store
