@@ -75,6 +75,18 @@ Scratch& thread_scratch() {
   return scratch;
 }
 
+// Scratch above this is given back after the transform: one huge view must not stay allocated
+// in every thread that once rendered it, outside the render memory budget.
+constexpr std::size_t kKeptScratchBytes = std::size_t{16} << 20;
+
+// Frees the thread's scratch when it grew past kKeptScratchBytes, however the transform ends.
+struct ScratchTrim {
+  Scratch& scratch;
+  ~ScratchTrim() {
+    if (scratch.rows.capacity() + scratch.pixels.capacity() > kKeptScratchBytes) scratch = {};
+  }
+};
+
 // The vertical pass over `size` bytes of a row at `offset`. A fixed size lets the compiler keep
 // the sums in SIMD registers at -O2 (its cheap vectorizer needs a known trip count).
 template <std::size_t size>
@@ -247,6 +259,7 @@ class CpuBackend final : public Backend {
     }
     const ValueTables tables = make_value_tables(spec);
     Scratch& scratch = thread_scratch();
+    const ScratchTrim trim{scratch};
     for (std::size_t i = 0; i < images.size(); ++i) {
       const RgbImage& image = *images[i];
       if (outputs[i].size() != spec.tensor_bytes()) {

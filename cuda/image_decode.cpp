@@ -15,20 +15,30 @@
 namespace dsfs::view {
 namespace {
 
-// PIL refuses images above twice Image.MAX_IMAGE_PIXELS (DecompressionBombError); so do we, which
-// also bounds the memory one hostile file can take.
-constexpr std::uint64_t kMaxPixels = 2ULL * (1024ULL * 1024 * 1024 / 4 / 3);
+// What decode_image was asked to respect, for the decoders below.
+struct DecodeLimits {
+  std::uint64_t max_pixels = kDefaultMaxPixels;
+  const BeforeDecode* before_decode = nullptr;
+};
 
-void check_pixel_count(std::string_view format, std::uint64_t width, std::uint64_t height) {
+// Refuses an image by its header alone: a 79-byte PNG may claim 13000x13000 pixels.
+void check_pixel_count(std::string_view format, std::uint64_t width, std::uint64_t height,
+                       const DecodeLimits& limits) {
   if (width == 0 || height == 0) {
     throw DecodeError(fmt::format("{} header says {}x{} pixels", format, width, height));
   }
-  if (width * height > kMaxPixels) {
-    throw DecodeError(
-        fmt::format("{} image of {}x{} pixels is larger than the {} pixels PIL "
-                    "accepts (decompression bomb limit)",
-                    format, width, height, kMaxPixels));
+  const std::uint64_t max_pixels = std::min(limits.max_pixels, kMaxPixelsCeiling);
+  if (width * height > max_pixels) {
+    throw DecodeError(fmt::format(
+        "{} header says {}x{} pixels ({}), more than the {} pixels a view decodes "
+        "(--view-max-pixels); refused before decoding. Remount with a larger --view-max-pixels "
+        "to read it",
+        format, width, height, width * height, max_pixels));
   }
+}
+
+void before_allocating(const DecodeLimits& limits, const ImageHeader& header) {
+  if (limits.before_decode && *limits.before_decode) (*limits.before_decode)(header);
 }
 
 // ---- JPEG (libjpeg-turbo, the library Pillow itself decodes with) ----
@@ -68,7 +78,8 @@ void adobe_cmyk_to_rgb(const std::uint8_t* cmyk, std::uint8_t* rgb, std::size_t 
   }
 }
 
-RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> encoded) {
+RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> encoded,
+                          const DecodeLimits& limits) {
   const auto* data = reinterpret_cast<const unsigned char*>(encoded.data());
   const auto size = static_cast<unsigned long>(encoded.size());
   int width = 0, height = 0, subsampling = 0, colorspace = 0;
@@ -76,12 +87,16 @@ RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> enco
       0) {
     throw DecodeError(fmt::format("JPEG header: {}", tjGetErrorStr2(decompressor)));
   }
-  check_pixel_count("JPEG", static_cast<std::uint64_t>(width), static_cast<std::uint64_t>(height));
+  check_pixel_count("JPEG", static_cast<std::uint64_t>(width), static_cast<std::uint64_t>(height),
+                    limits);
 
   const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
   const int pixel_format = cmyk ? TJPF_CMYK : TJPF_RGB;  // grayscale comes out replicated
   const int pixel_bytes = cmyk ? 4 : 3;
   const std::size_t pixels = static_cast<std::size_t>(width) * static_cast<std::size_t>(height);
+  before_allocating(
+      limits,
+      ImageHeader{.width = width, .height = height, .decode_scratch_bytes = cmyk ? pixels * 4 : 0});
 
   RgbImage image;
   image.width = width;
@@ -107,9 +122,9 @@ RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> enco
   return image;
 }
 
-RgbImage decode_jpeg(std::span<const std::byte> encoded) {
+RgbImage decode_jpeg(std::span<const std::byte> encoded, const DecodeLimits& limits) {
   try {
-    return decode_jpeg_with(thread_decompressor(), encoded);
+    return decode_jpeg_with(thread_decompressor(), encoded, limits);
   } catch (...) {
     // The handle may be stuck mid-stream (libjpeg-turbo 2.1 does not reset it when a header read
     // fails) and the next image would read as 0x0 pixels: the next one starts afresh.
@@ -217,7 +232,7 @@ void png_row_to_rgb(const std::uint8_t* row, std::uint8_t* rgb, const PngLayout&
   }
 }
 
-RgbImage decode_png(std::span<const std::byte> encoded) {
+RgbImage decode_png(std::span<const std::byte> encoded, const DecodeLimits& limits) {
   PngSource source;
   source.data = reinterpret_cast<const std::uint8_t*>(encoded.data());
   source.size = encoded.size();
@@ -229,7 +244,7 @@ RgbImage decode_png(std::span<const std::byte> encoded) {
   if (!read_png_layout(structs.png, structs.info, layout)) {
     throw DecodeError(fmt::format("PNG header: {}", source.error));
   }
-  check_pixel_count("PNG", layout.width, layout.height);
+  check_pixel_count("PNG", layout.width, layout.height, limits);
   if ((layout.bit_depth != 8 && layout.bit_depth != 16) || layout.channels < 1 ||
       layout.channels > 4) {
     throw DecodeError(fmt::format("PNG with {} channel(s) of {} bits is not supported",
@@ -237,6 +252,9 @@ RgbImage decode_png(std::span<const std::byte> encoded) {
   }
 
   const std::size_t row_bytes = png_get_rowbytes(structs.png, structs.info);
+  before_allocating(limits, ImageHeader{.width = static_cast<int>(layout.width),
+                                        .height = static_cast<int>(layout.height),
+                                        .decode_scratch_bytes = row_bytes * layout.height});
   std::vector<std::uint8_t> decoded(row_bytes * layout.height);
   std::vector<png_bytep> rows(layout.height);
   for (png_uint_32 y = 0; y < layout.height; ++y) rows[y] = decoded.data() + y * row_bytes;
@@ -264,12 +282,14 @@ bool starts_with(std::span<const std::byte> data, std::initializer_list<std::uin
 
 }  // namespace
 
-RgbImage decode_image(std::span<const std::byte> encoded) {
+RgbImage decode_image(std::span<const std::byte> encoded, std::uint64_t max_pixels,
+                      const BeforeDecode& before_decode) {
   if (encoded.empty()) throw DecodeError("empty file");
+  const DecodeLimits limits{.max_pixels = max_pixels, .before_decode = &before_decode};
   // Pick by content, not by name: ImageNet has a PNG called .JPEG.
-  if (starts_with(encoded, {0xFF, 0xD8, 0xFF})) return decode_jpeg(encoded);
+  if (starts_with(encoded, {0xFF, 0xD8, 0xFF})) return decode_jpeg(encoded, limits);
   if (starts_with(encoded, {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A})) {
-    return decode_png(encoded);
+    return decode_png(encoded, limits);
   }
   std::string first;
   for (std::size_t i = 0; i < std::min<std::size_t>(encoded.size(), 8); ++i) {

@@ -1,5 +1,7 @@
 #include "cuda/view_service.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -20,10 +22,89 @@ double to_seconds(std::uint64_t ns) {
   return static_cast<double>(ns) / 1e9;
 }
 
+constexpr std::uint64_t kMiB = 1 << 20;
+
 }  // namespace
 
+// ---- RenderMemoryBudget -------------------------------------------------------------------------
+
+RenderMemoryBudget::Reservation& RenderMemoryBudget::Reservation::operator=(
+    Reservation&& other) noexcept {
+  if (this != &other) {
+    release();
+    budget_ = std::exchange(other.budget_, nullptr);
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+void RenderMemoryBudget::Reservation::release() {
+  if (!budget_) return;
+  {
+    std::lock_guard lock(budget_->mutex_);
+    budget_->in_use_ -= bytes_;
+  }
+  budget_->released_.notify_all();
+  budget_ = nullptr;
+}
+
+RenderMemoryBudget::Reservation RenderMemoryBudget::reserve(std::uint64_t bytes,
+                                                            std::chrono::milliseconds wait) {
+  std::unique_lock lock(mutex_);
+  if (bytes > capacity_) {
+    ++refused_;
+    throw DecodeError(
+        fmt::format("rendering it needs {} MiB, more than the {} MiB all renders may hold at once "
+                    "(--view-render-memory); use a smaller resize/crop, or remount with a larger "
+                    "--view-render-memory or a smaller --view-max-pixels",
+                    (bytes + kMiB - 1) / kMiB, capacity_ / kMiB));
+  }
+  if (!released_.wait_for(lock, wait, [&] { return capacity_ - in_use_ >= bytes; })) {
+    ++timed_out_;
+    throw RenderBusyError(fmt::format(
+        "waited {} ms for {} MiB of the render memory budget ({} MiB, --view-render-memory, "
+        "{} MiB in use by other renders); try again, or read fewer large views at once",
+        wait.count(), (bytes + kMiB - 1) / kMiB, capacity_ / kMiB, in_use_ / kMiB));
+  }
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+  return Reservation(this, bytes);
+}
+
+std::uint64_t RenderMemoryBudget::in_use() const {
+  std::lock_guard lock(mutex_);
+  return in_use_;
+}
+
+std::uint64_t RenderMemoryBudget::peak() const {
+  std::lock_guard lock(mutex_);
+  return peak_;
+}
+
+std::uint64_t RenderMemoryBudget::refused() const {
+  std::lock_guard lock(mutex_);
+  return refused_;
+}
+
+std::uint64_t RenderMemoryBudget::timed_out() const {
+  std::lock_guard lock(mutex_);
+  return timed_out_;
+}
+
+// ---- ViewService --------------------------------------------------------------------------------
+
+std::uint64_t ViewService::render_memory_bytes(const ViewSpec& spec, const ImageHeader& header) {
+  const auto out_width = static_cast<std::uint64_t>(spec.out_width());
+  const auto out_height = static_cast<std::uint64_t>(spec.out_height());
+  // The CPU transform's horizontal pass keeps at most every input row at the output width, and
+  // its vertical pass the output pixels (the CUDA backend stages no more than that on the host).
+  const std::uint64_t transform =
+      static_cast<std::uint64_t>(header.height) * out_width * 3 + out_width * out_height * 3;
+  return header.decode_bytes() + transform + npy_file_size(spec);
+}
+
 ViewService::ViewService(std::unique_ptr<Backend> backend, ViewServiceOptions options)
-    : backend_(std::move(backend)), options_(options) {
+    : backend_(std::move(backend)), options_(options), memory_(options.render_memory_bytes) {
   if (!backend_) throw std::invalid_argument("ViewService needs a backend");
   if (options_.max_batch == 0) throw std::invalid_argument("ViewService: max_batch must be >= 1");
   batched_ = options_.batched.value_or(backend_->name() == "cuda");
@@ -54,9 +135,15 @@ ViewService::~ViewService() {
 
 std::string ViewService::render(const ViewSpec& spec, std::span<const std::byte> encoded) {
   auto started = std::chrono::steady_clock::now();
+  // Reserved from the header, before any pixel memory is allocated, and held until the file is
+  // handed over (the view cache bounds it from there).
+  RenderMemoryBudget::Reservation memory;
+  const BeforeDecode reserve = [&](const ImageHeader& header) {
+    memory = memory_.reserve(render_memory_bytes(spec, header), options_.render_memory_wait);
+  };
   RgbImage image;
   try {
-    image = decode_image(encoded);
+    image = decode_image(encoded, options_.max_pixels, reserve);
   } catch (const DecodeError&) {
     decode_errors_.fetch_add(1, std::memory_order_relaxed);
     decode_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
@@ -174,6 +261,10 @@ ViewServiceStats ViewService::stats() const {
       .batched_images = load(batched_images_),
       .decode_seconds = to_seconds(load(decode_ns_)),
       .transform_seconds = to_seconds(load(transform_ns_)),
+      .memory_capacity = memory_.capacity(),
+      .memory_peak = memory_.peak(),
+      .memory_refused = memory_.refused(),
+      .memory_timed_out = memory_.timed_out(),
   };
 }
 

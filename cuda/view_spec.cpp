@@ -8,6 +8,8 @@
 #include <optional>
 #include <system_error>
 
+#include "src/store/log_text.h"
+
 namespace dsfs::view {
 namespace {
 
@@ -24,7 +26,7 @@ std::array<float, 3> to_float32(const std::array<double, 3>& values) {
 }
 
 [[noreturn]] void fail(std::string_view text, std::string_view reason) {
-  throw SpecError(fmt::format("view spec \"{}\": {}", text, reason));
+  throw SpecError(fmt::format("view spec \"{}\": {}", store::log_text(text), reason));
 }
 
 // A whole-string decimal integer; nullopt for anything else (sign, spaces, dots, overflow).

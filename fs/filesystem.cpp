@@ -19,6 +19,7 @@
 #include "cuda/view_service.h"
 #include "fs/virtual_files.h"
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::fs {
 namespace {
@@ -172,13 +173,20 @@ Filesystem::~Filesystem() {
 }
 
 void Filesystem::start_views() {
-  auto service = std::make_unique<view::ViewService>(view::make_backend(options_.view_backend));
+  view::ViewServiceOptions service_options;
+  service_options.max_pixels = options_.view_max_pixels;
+  service_options.render_memory_bytes = options_.view_render_memory_bytes;
+  auto service = std::make_unique<view::ViewService>(view::make_backend(options_.view_backend),
+                                                     service_options);
   const bool ahead =
       options_.prefetch != prefetch::PrefetchMode::kOff && options_.view_render_ahead_threads > 0;
-  spdlog::info("view backend: {}{}; view cache {} MiB; rendering ahead: {}",
-               service->backend_name(), service->batched() ? " (batched)" : "",
-               options_.view_cache_bytes >> 20,
-               ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
+  spdlog::info(
+      "view backend: {}{}; view cache {} MiB (files up to {} MiB); images up to {} pixels; "
+      "render memory {} MiB; rendering ahead: {}",
+      service->backend_name(), service->batched() ? " (batched)" : "",
+      options_.view_cache_bytes >> 20, views_.registry().max_file_bytes() >> 20,
+      options_.view_max_pixels, options_.view_render_memory_bytes >> 20,
+      ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
   // Plans may name view files; they stand for their source images.
   engine_.set_plan_line_mapper(
       [this](std::string_view line) { return views_.plan_source_path(line, datasets_); });
@@ -516,7 +524,7 @@ struct Handlers {
         // (the kernel caches the miss, so it is logged about once per name).
         const ViewRegistry::Found found = fs.views_.registry().find_or_add(name);
         if (!found.slot) {
-          spdlog::warn("{}/{}: {} (ENOENT)", kViewsDirName, name, found.error);
+          spdlog::warn("{}/{}: {} (ENOENT)", kViewsDirName, store::log_text(name), found.error);
           return 0;
         }
         return view_spec_inode(*found.slot);

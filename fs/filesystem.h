@@ -43,6 +43,9 @@ struct FilesystemOptions {
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
   // Threads rendering predicted view files ahead (needs prefetching); 0: render only when read.
   unsigned view_render_ahead_threads = 0;
+  uint64_t view_max_pixels = view::kDefaultMaxPixels;  // larger images are refused (EIO)
+  // Memory all view renders in flight share (decoded pixels, working rows, the file).
+  uint64_t view_render_memory_bytes = view::kDefaultRenderMemoryBytes;
   prefetch::PrefetchMode prefetch = prefetch::PrefetchMode::kAuto;
   size_t max_inflight = 0;  // 0: derived from the cache size
 };

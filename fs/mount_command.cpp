@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -62,6 +63,8 @@ struct MountArgs {
   unsigned max_inflight = 0;
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
   std::string view_render_ahead = "auto";
+  uint64_t view_max_pixels = view::kDefaultMaxPixels;
+  uint64_t view_render_memory_bytes = view::kDefaultRenderMemoryBytes;
   std::string log_file;
 };
 
@@ -219,6 +222,8 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.view_backend = view::parse_backend_kind(args.view_backend);
   fs_options.view_cache_bytes = args.view_cache_bytes;
   fs_options.view_render_ahead_threads = render_ahead_threads(args.view_render_ahead);
+  fs_options.view_max_pixels = args.view_max_pixels;
+  fs_options.view_render_memory_bytes = args.view_render_memory_bytes;
   fs_options.prefetch = prefetch::parse_prefetch_mode(args.prefetch);
   fs_options.max_inflight = args.max_inflight;
   const size_t dataset_count = datasets.size();
@@ -441,8 +446,26 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   mount
       ->add_option("--view-cache-size", mount_args->view_cache_bytes,
                    "Bytes of rendered .views files kept in memory while readers fetch them "
-                   "(e.g. 256MiB); the kernel's page cache keeps them afterwards")
+                   "(e.g. 256MiB); the kernel's page cache keeps them afterwards. A SPEC whose "
+                   ".npy files would exceed half of it is refused (its directory does not exist; "
+                   "the log says why), so no file is rendered more than once per read")
       ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  mount
+      ->add_option("--view-max-pixels", mount_args->view_max_pixels,
+                   "Largest source image a .views file decodes, in pixels (width x height, read "
+                   "from the image's header before anything is allocated); a larger image's "
+                   "view fails with EIO and a log line. Default 67108864 (8192x8192); at most "
+                   "357913940, where PIL refuses images as decompression bombs")
+      ->check(CLI::Range(std::uint64_t{1}, view::kMaxPixelsCeiling))
+      ->capture_default_str();
+  mount
+      ->add_option("--view-render-memory", mount_args->view_render_memory_bytes,
+                   "Memory all .views renders in flight may hold at once (decoded pixels, "
+                   "working rows and the rendered file; e.g. 1GiB): a render waits for its share "
+                   "(EIO after 30 s), and one that alone needs more fails with EIO and a log line")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::uint64_t{1} << 20, std::numeric_limits<std::uint64_t>::max()))
       ->capture_default_str();
   mount
       ->add_option("--view-render-ahead", mount_args->view_render_ahead,

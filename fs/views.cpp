@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cuda/npy.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::fs {
 namespace {
@@ -69,7 +70,8 @@ std::optional<std::string_view> view_source_name(std::string_view view_name) {
 
 // ---- ViewRegistry -----------------------------------------------------------------------------
 
-ViewRegistry::ViewRegistry(uint32_t max_slots) : max_slots_(std::min(max_slots, kMaxViewSlots)) {
+ViewRegistry::ViewRegistry(uint32_t max_slots, uint64_t max_file_bytes)
+    : max_slots_(std::min(max_slots, kMaxViewSlots)), max_file_bytes_(max_file_bytes) {
   slots_.resize(max_slots_);
   std::lock_guard lock(mutex_);
   for (const auto& [name, text] : view::view_presets()) {
@@ -100,11 +102,23 @@ uint32_t ViewRegistry::add_locked(std::string name, view::ViewSpec spec) {
   return index;
 }
 
+std::string ViewRegistry::file_size_refusal(std::string_view name, uint64_t file_size) const {
+  if (file_size <= max_file_bytes_) return {};
+  return fmt::format(
+      "view spec \"{}\": its .npy files would be {} bytes each, more than the {} bytes a view "
+      "file may have on this mount (half of --view-cache-size); use a smaller resize/crop or "
+      "dtype=uint8/float16, or remount with a larger --view-cache-size",
+      store::log_text(name), file_size, max_file_bytes_);
+}
+
 ViewRegistry::Found ViewRegistry::find_or_add(std::string_view name) {
   {
-    // Fast path without parsing: a name seen before.
+    // Fast path without parsing: a name seen before (presets included, which may be too large
+    // for a small view cache).
     std::lock_guard lock(mutex_);
     if (const auto it = by_name_.find(std::string(name)); it != by_name_.end()) {
+      std::string refusal = file_size_refusal(name, slots_[it->second]->file_size);
+      if (!refusal.empty()) return {.slot = std::nullopt, .error = std::move(refusal)};
       return {.slot = it->second, .error = {}};
     }
   }
@@ -114,6 +128,10 @@ ViewRegistry::Found ViewRegistry::find_or_add(std::string_view name) {
   } catch (const view::SpecError& e) {
     return {.slot = std::nullopt, .error = e.what()};
   }
+  // Refused before registering: a refused SPEC takes no slot.
+  if (std::string refusal = file_size_refusal(name, view::npy_file_size(spec)); !refusal.empty()) {
+    return {.slot = std::nullopt, .error = std::move(refusal)};
+  }
   std::lock_guard lock(mutex_);
   if (const auto it = by_name_.find(std::string(name)); it != by_name_.end()) {
     return {.slot = it->second, .error = {}};  // another thread added it meanwhile
@@ -122,7 +140,7 @@ ViewRegistry::Found ViewRegistry::find_or_add(std::string_view name) {
     std::string error = fmt::format(
         "view spec \"{}\": this mount already has {} view directories, its limit; use one of "
         "the spellings already entered, or remount",
-        name, max_slots_);
+        store::log_text(name), max_slots_);
     if (!full_logged_) {
       full_logged_ = true;
       spdlog::warn("{} (logged once)", error);
@@ -141,7 +159,10 @@ const ViewRegistry::Slot* ViewRegistry::slot(uint32_t index) const {
 
 ViewFiles::ViewFiles(prefetch::FileReader& reader, prefetch::ObjectCache& source_cache,
                      uint64_t cache_bytes)
-    : reader_(reader), source_cache_(source_cache), cache_(cache_bytes) {}
+    : reader_(reader),
+      source_cache_(source_cache),
+      registry_(ViewRegistry::kMaxSlots, cache_bytes / kMaxViewFileShare),
+      cache_(cache_bytes) {}
 
 ViewFiles::~ViewFiles() {
   stop();
@@ -203,6 +224,12 @@ prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset,
                                        uint32_t canonical_slot, uint64_t offset, uint64_t length) {
   const ViewRegistry::Slot* slot = registry_.slot(canonical_slot);
   if (!slot) throw std::logic_error(fmt::format("view slot {} is not registered", canonical_slot));
+  // Lookups refuse such SPECs; an inode the kernel got from a listing must not render either.
+  if (std::string refusal = registry_.file_size_refusal(slot->name, slot->file_size);
+      !refusal.empty()) {
+    spdlog::warn("{} (EIO)", refusal);
+    throw ViewRenderError(std::move(refusal));
+  }
   if (offset == 0) {
     reader_.report_access(dataset.index, entry);
     set_active(dataset, canonical_slot, entry);
@@ -394,8 +421,10 @@ bool ViewFiles::render_ahead(AheadItem& item) {
     ahead_errors_.fetch_add(1, std::memory_order_relaxed);
     cache_.abandon_prefetch(key, e.what());  // a reader waiting on it gets the remembered EIO
   } catch (const std::exception& e) {
-    spdlog::warn("dataset '{}': rendering {} ahead for .views/{} failed: {}", dataset.name(),
-                 dataset.catalog->path(item.entry), slot.name, e.what());
+    spdlog::warn("dataset '{}': rendering {} ahead for .views/{} failed: {}",
+                 store::log_text(dataset.name()),
+                 store::log_text(dataset.catalog->path(item.entry)), store::log_text(slot.name),
+                 e.what());
     cache_.abandon_prefetch(key, e.what());
   }
   ahead_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
@@ -453,11 +482,19 @@ prefetch::ObjectBuffer ViewFiles::render_bytes(const prefetch::DatasetSnapshot& 
   std::string rendered;
   try {
     rendered = service_->render(slot.spec, encoded);
+  } catch (const view::RenderBusyError& e) {
+    // Not the file's fault: not remembered, a later READ may render it.
+    render_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
+    std::string reason = fmt::format(
+        "dataset '{}': {} not rendered for .views/{}: {}", store::log_text(dataset.name()),
+        store::log_text(dataset.catalog->path(entry)), store::log_text(slot.name), e.what());
+    spdlog::warn("{} (EIO)", reason);
+    throw ViewRenderError(std::move(reason));
   } catch (const view::DecodeError& e) {
     render_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
-    std::string reason =
-        fmt::format("dataset '{}': {} cannot be decoded for .views/{}: {}", dataset.name(),
-                    dataset.catalog->path(entry), slot.name, e.what());
+    std::string reason = fmt::format(
+        "dataset '{}': {} cannot be decoded for .views/{}: {}", store::log_text(dataset.name()),
+        store::log_text(dataset.catalog->path(entry)), store::log_text(slot.name), e.what());
     std::lock_guard lock(failed_mutex_);
     // Counted and logged once per file, whether a reader or rendering ahead met it first.
     if (failed_.contains(key)) throw ViewRenderError(failed_.at(key));
@@ -469,8 +506,8 @@ prefetch::ObjectBuffer ViewFiles::render_bytes(const prefetch::DatasetSnapshot& 
   render_ns_.fetch_add(nanoseconds_since(started), std::memory_order_relaxed);
   if (rendered.size() != slot.file_size) {
     throw std::logic_error(fmt::format("view render of {} gave {} bytes, its size is {}",
-                                       dataset.catalog->path(entry), rendered.size(),
-                                       slot.file_size));
+                                       store::log_text(dataset.catalog->path(entry)),
+                                       rendered.size(), slot.file_size));
   }
   return std::make_shared<const prefetch::ObjectData>(std::move(rendered));
 }

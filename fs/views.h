@@ -58,7 +58,10 @@ class ViewRegistry {
     std::string error;  // when !slot: the parse error, or the registry is full
   };
 
-  explicit ViewRegistry(uint32_t max_slots = kMaxSlots);
+  // A SPEC whose .npy files would be larger than `max_file_bytes` is refused (its directory does
+  // not exist, and the lookup says why): such a file could not stay in the view cache, so every
+  // READ would render it again. Presets over the limit are refused the same way.
+  explicit ViewRegistry(uint32_t max_slots = kMaxSlots, uint64_t max_file_bytes = UINT64_MAX);
   ViewRegistry(const ViewRegistry&) = delete;
   ViewRegistry& operator=(const ViewRegistry&) = delete;
 
@@ -69,11 +72,15 @@ class ViewRegistry {
   uint32_t size() const { return size_.load(std::memory_order_acquire); }
   uint32_t preset_count() const { return preset_count_; }
   uint32_t max_slots() const { return max_slots_; }
+  uint64_t max_file_bytes() const { return max_file_bytes_; }
+  // Why a view file of `file_size` bytes is refused under SPEC `name`; empty when it is not.
+  std::string file_size_refusal(std::string_view name, uint64_t file_size) const;
 
  private:
   uint32_t add_locked(std::string name, view::ViewSpec spec);
 
   const uint32_t max_slots_;
+  const uint64_t max_file_bytes_;
   uint32_t preset_count_ = 0;
   std::vector<std::unique_ptr<const Slot>> slots_;  // max_slots_ long, filled in order
   std::atomic<uint32_t> size_{0};
@@ -127,8 +134,11 @@ struct ViewStats {
 class ViewFiles {
  public:
   // `source_cache`: where `reader` keeps source images (a source rendered ahead is marked read).
+  // A view file may take at most half of `cache_bytes` (kMaxViewFileShare): larger SPECs are
+  // refused, so a file is rendered once and then served from the cache, never per READ.
   ViewFiles(prefetch::FileReader& reader, prefetch::ObjectCache& source_cache,
             uint64_t cache_bytes);
+  static constexpr uint64_t kMaxViewFileShare = 2;  // a view file <= cache_bytes / this
   ~ViewFiles();
   ViewFiles(const ViewFiles&) = delete;
   ViewFiles& operator=(const ViewFiles&) = delete;

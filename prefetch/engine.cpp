@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::prefetch {
 
@@ -296,7 +297,7 @@ void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
 
 void PrefetchEngine::abandon(const Fetch& fetch, const std::string& why) {
   failures_.fetch_add(1, std::memory_order_relaxed);
-  spdlog::debug("prefetch of {} given up: {}", fetch.redis_key, why);
+  spdlog::debug("prefetch of {} given up: {}", store::log_text(fetch.redis_key), why);
   cache_.abandon_prefetch(fetch.key, why);
   std::lock_guard lock(mutex_);
   --inflight_objects_;
@@ -411,15 +412,42 @@ void PrefetchEngine::resolve_plan_line(std::string_view line) {
   if (plan_unresolved_++ == 0) first_unresolved_ = std::string(original);
 }
 
+void PrefetchEngine::clear_plan_locked() {
+  model_.plan_clear();
+  std::string().swap(plan_partial_);
+  plan_oversized_ = false;
+  plan_oversized_lines_ = 0;
+  plan_size_ = 0;
+  plan_unresolved_ = 0;
+  plan_replacing_ = true;
+}
+
+void PrefetchEngine::buffer_plan_line(std::string_view bytes) {
+  if (plan_oversized_) return;  // the rest of a line already refused
+  if (plan_partial_.size() + bytes.size() <= kMaxPlanLineBytes) {
+    plan_partial_.append(bytes);
+    return;
+  }
+  // No path is this long: the line is refused now, its memory given back, and its bytes up to
+  // the next newline dropped as they come.
+  plan_oversized_ = true;
+  std::string excerpt = plan_partial_;
+  excerpt.append(bytes.substr(0, store::kLogExcerptBytes));
+  std::string().swap(plan_partial_);
+  if (plan_unresolved_++ == 0) first_unresolved_.clear();  // warned about below, not as a path
+  if (plan_oversized_lines_++ == 0) {
+    spdlog::warn(
+        "plan: a line longer than {} bytes (no path is) is skipped and counted as unresolved; "
+        "it begins '{}' (logged once per plan)",
+        kMaxPlanLineBytes, store::log_text(excerpt, 64));
+  }
+}
+
 int PrefetchEngine::plan_write(uint64_t offset, std::string_view data) {
   std::lock_guard lock(mutex_);
   if (offset == 0 && plan_size_ != 0) {
     // Written over from the start without truncating first: a new plan all the same.
-    model_.plan_clear();
-    plan_partial_.clear();
-    plan_size_ = 0;
-    plan_unresolved_ = 0;
-    plan_replacing_ = true;
+    clear_plan_locked();
   }
   if (offset != plan_size_) return EINVAL;  // only whole rewrites and appends mean anything
   if (plan_size_ == 0) plan_replacing_ = true;
@@ -427,24 +455,27 @@ int PrefetchEngine::plan_write(uint64_t offset, std::string_view data) {
   plan_size_ += data.size();
   while (!data.empty()) {
     const size_t newline = data.find('\n');
+    const std::string_view piece = data.substr(0, newline);
     if (newline == std::string_view::npos) {
-      plan_partial_.append(data);
+      buffer_plan_line(piece);
       break;
     }
-    if (plan_partial_.empty()) {
-      resolve_plan_line(data.substr(0, newline));
+    if (plan_partial_.empty() && !plan_oversized_ && piece.size() <= kMaxPlanLineBytes) {
+      resolve_plan_line(piece);
     } else {
-      plan_partial_.append(data.substr(0, newline));
-      resolve_plan_line(plan_partial_);
+      buffer_plan_line(piece);
+      if (!plan_oversized_) resolve_plan_line(plan_partial_);
       plan_partial_.clear();
+      plan_oversized_ = false;
     }
     data.remove_prefix(newline + 1);
   }
-  if (plan_unresolved_ > unresolved_before && unresolved_before == 0) {
+  if (plan_unresolved_ > unresolved_before && unresolved_before == 0 &&
+      !first_unresolved_.empty()) {
     spdlog::warn(
         "plan: '{}' names no file of this mount (paths are relative to the mount, "
         "starting with the dataset name); such lines are skipped",
-        first_unresolved_);
+        store::log_text(first_unresolved_));
   }
   // Objects read last epoch are unread again in the one the new plan begins.
   if (model_.plan_published(plan_replacing_)) cache_.new_epoch();
@@ -458,11 +489,7 @@ int PrefetchEngine::plan_truncate(uint64_t size) {
   std::lock_guard lock(mutex_);
   if (size == plan_size_) return 0;
   if (size != 0) return EINVAL;
-  model_.plan_clear();
-  plan_partial_.clear();
-  plan_size_ = 0;
-  plan_unresolved_ = 0;
-  plan_replacing_ = true;
+  clear_plan_locked();
   return 0;
 }
 

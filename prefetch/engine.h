@@ -105,6 +105,9 @@ struct EngineStats {
   std::vector<PredictorReport> predictors;
 };
 
+// The longest plan line (a path relative to the mount) that is read: PATH_MAX, with its newline.
+inline constexpr size_t kMaxPlanLineBytes = 4096;
+
 class PrefetchEngine {
  public:
   // The datasets must outlive the engine. Connections and threads start with start().
@@ -123,7 +126,8 @@ class PrefetchEngine {
   void record_access(uint32_t dataset, uint32_t entry);
 
   // MOUNT/.dsfs/plan. Writing at offset 0 replaces the plan, at its end extends it; lines are
-  // paths relative to the mount. Returns 0 or an errno for the reply.
+  // paths relative to the mount. A line longer than kMaxPlanLineBytes is not buffered: its bytes
+  // are dropped up to its newline and it counts as unresolved. Returns 0 or an errno for the reply.
   int plan_write(uint64_t offset, std::string_view data);
   int plan_truncate(uint64_t size);
   uint64_t plan_size() const;
@@ -169,6 +173,11 @@ class PrefetchEngine {
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
   void resolve_plan_line(std::string_view line);
+  // Appends `bytes` of a line to plan_partial_, or drops them once the line is too long.
+  void buffer_plan_line(std::string_view bytes);
+  // A line longer than kMaxPlanLineBytes ended (or the plan was replaced): counted as unresolved.
+  void count_oversized_plan_line();
+  void clear_plan_locked();
 
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
@@ -191,9 +200,12 @@ class PrefetchEngine {
   bool was_active_ = false;
   size_t idle_workers_ = 0;  // workers waiting for work with nothing in flight
   std::chrono::steady_clock::time_point last_wakeup_{};
-  // The plan file: its size and the unfinished last line.
+  // The plan file: its size and the unfinished last line (at most kMaxPlanLineBytes; a longer
+  // line is skipped to its newline, plan_oversized_ says so).
   uint64_t plan_size_ = 0;
   std::string plan_partial_;
+  bool plan_oversized_ = false;
+  uint64_t plan_oversized_lines_ = 0;
   bool plan_replacing_ = false;
   uint64_t plan_unresolved_ = 0;
   std::string first_unresolved_;
