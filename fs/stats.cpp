@@ -140,6 +140,7 @@ nlohmann::ordered_json views_json(const ViewStats& v) {
       {"transform_errors", v.service.transform_errors},
       {"batches", v.service.batches},
       {"batched_images", v.service.batched_images},
+      {"render_memory", {{"capacity_bytes", v.service.memory_capacity}, {"peak_bytes", v.service.memory_peak}, {"refused", v.service.memory_refused}, {"timed_out", v.service.memory_timed_out}}},
       {"reads",
        {{"ready", v.reads_ready},
         {"joined", v.reads_joined},

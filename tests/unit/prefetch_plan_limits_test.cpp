@@ -1,0 +1,164 @@
+// The plan file's limits (MOUNT/.dsfs/plan, below FUSE): a line longer than a path can be is
+// neither buffered nor resolved but counted as unresolved, the lines after it still count, and
+// what the log says about plan lines is a short excerpt with control characters escaped.
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "prefetch/engine.h"
+#include "prefetch/object_cache.h"
+#include "prefetch/object_fetcher.h"
+#include "src/catalog/catalog.h"
+#include "src/catalog/keys.h"
+#include "src/store/pool.h"
+#include "tests/unit/support/test_redis.h"
+
+namespace dsfs::prefetch {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kName = "pl";
+
+// Captures what is logged while it lives (the default logger is put back afterwards).
+class CapturedLog {
+ public:
+  CapturedLog()
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000)),
+        previous_(spdlog::default_logger()) {
+    sink_->set_pattern("%v");  // the message alone
+    auto logger = std::make_shared<spdlog::logger>("plan-limits-test", sink_);
+    logger->set_level(spdlog::level::trace);
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  // The messages logged, without their line ends.
+  std::vector<std::string> lines() {
+    std::vector<std::string> lines = sink_->last_formatted();
+    for (std::string& line : lines) {
+      while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    }
+    return lines;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// Heap bytes in use by this process (glibc's count; 0 where malloc is replaced, e.g. ASan).
+size_t heap_in_use() {
+  return mallinfo2().uordblks;
+}
+
+class PlanLimitsTest : public ::testing::Test {
+ protected:
+  PlanLimitsTest() {
+    catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1 << 20);
+    for (uint32_t i = 0; i < 4; ++i) {
+      builder.add_file(fmt::format("f{}.bin", i), 100, 0, 0644, /*object_id=*/i + 1,
+                       catalog::kNoLabel, 0, "");
+    }
+    DatasetSnapshot d;
+    d.info.name = kName;
+    d.info.generation = 1;
+    d.info.chunk_size = 1 << 20;
+    d.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
+    datasets_.push_back(std::move(d));
+    // Never started: plan_write needs no fetch thread.
+    engine_ = std::make_unique<PrefetchEngine>(
+        cache_, fetcher_, datasets_, redis_.endpoint(), false,
+        EngineOptions{.mode = PrefetchMode::kPlan, .connections = 1, .connect = {.connect_timeout = 500ms}});
+  }
+
+  // Appends `text` to the plan.
+  void append(std::string_view text) { ASSERT_EQ(engine_->plan_write(engine_->plan_size(), text), 0); }
+
+  test::TestRedisServer redis_;
+  std::vector<DatasetSnapshot> datasets_;
+  store::ConnectionPool pool_{redis_.endpoint(), 1};
+  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
+  ObjectCache cache_{1 << 20};
+  std::unique_ptr<PrefetchEngine> engine_;
+};
+
+TEST_F(PlanLimitsTest, ALineWithoutANewlineIsNotBufferedPastThePathLimit) {
+  // 16 MiB of one line, in the 128 KiB writes FUSE delivers.
+  const std::string chunk(128 << 10, 'a');
+  const size_t heap_before = heap_in_use();
+  append("pl/f0.bin");
+  for (int i = 0; i < 128; ++i) append(chunk);
+  const size_t heap_after = heap_in_use();
+  // Counted as soon as it is too long, not when (if ever) its newline comes.
+  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  EXPECT_EQ(engine_->stats().plan_entries, 0u);
+  EXPECT_LT(heap_after, heap_before + (1 << 20))
+      << "the line's bytes were kept: " << heap_after - heap_before << " bytes more on the heap";
+  // Its newline ends it; the lines after it are read as usual.
+  append("aaaa\npl/f1.bin\npl/f2.bin\n");
+  EXPECT_EQ(engine_->stats().plan_entries, 2u);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  EXPECT_EQ(engine_->plan_size(), 9 + 128 * chunk.size() + 25);
+}
+
+TEST_F(PlanLimitsTest, ALineLongerThanPathMaxIsUnresolvedEvenIfItStartsWithAPath) {
+  // Trailing spaces are trimmed from a line, so without the limit this would resolve to f3.bin.
+  const std::string padded = "pl/f3.bin" + std::string(kMaxPlanLineBytes, ' ');
+  append(padded + "\n");
+  EXPECT_EQ(engine_->stats().plan_entries, 0u);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  // In one write or split across several: the same.
+  ASSERT_EQ(engine_->plan_truncate(0), 0);
+  append(padded.substr(0, 3000));
+  append(padded.substr(3000) + "\npl/f0.bin\n");
+  EXPECT_EQ(engine_->stats().plan_entries, 1u);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+}
+
+TEST_F(PlanLimitsTest, ALineOfExactlyTheLimitIsStillRead) {
+  std::string line = "pl/f2.bin";
+  line.resize(kMaxPlanLineBytes, ' ');
+  append(line.substr(0, 100));
+  append(line.substr(100) + "\n");
+  EXPECT_EQ(engine_->stats().plan_entries, 1u);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 0u);
+}
+
+TEST_F(PlanLimitsTest, ReplacingThePlanDropsAnUnfinishedOversizedLine) {
+  append(std::string(3 * kMaxPlanLineBytes, 'z'));
+  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  ASSERT_EQ(engine_->plan_write(0, "pl/f1.bin\n"), 0);  // a new plan from offset 0
+  EXPECT_EQ(engine_->stats().plan_entries, 1u);
+  EXPECT_EQ(engine_->stats().plan_unresolved, 0u);
+}
+
+TEST_F(PlanLimitsTest, TheLogCarriesAShortEscapedExcerptOfPlanLines) {
+  CapturedLog log;
+  // An unknown path with a terminal escape and a bell in it, then a huge line of control bytes.
+  append("pl/\x1b[31mnot-there\x07.bin\n");
+  ASSERT_EQ(engine_->plan_write(0, "\x1b]0;owned\x07" + std::string(1 << 20, '\x01') + "\n"), 0);
+  const std::vector<std::string> lines = log.lines();
+  ASSERT_GE(lines.size(), 2u);
+  bool named_unknown = false, named_oversized = false;
+  for (const std::string& line : lines) {
+    EXPECT_LT(line.size(), 1000u) << line.substr(0, 200);
+    for (const char c : line) {
+      EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
+          << "a raw control character in: " << line.substr(0, 200);
+    }
+    named_unknown |= line.find("\\x1b[31mnot-there\\x07.bin") != std::string::npos;
+    named_oversized |= line.find("longer than 4096 bytes") != std::string::npos;
+  }
+  EXPECT_TRUE(named_unknown) << "the unknown path is logged, escaped";
+  EXPECT_TRUE(named_oversized) << "the oversized line is logged as such";
+}
+
+}  // namespace
+}  // namespace dsfs::prefetch
