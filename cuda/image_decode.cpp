@@ -78,6 +78,25 @@ void adobe_cmyk_to_rgb(const std::uint8_t* cmyk, std::uint8_t* rgb, std::size_t 
   }
 }
 
+// Whether the frame header before the first scan is progressive (SOF2, SOF6, SOF10): libjpeg
+// then keeps every DCT coefficient of the image (2 bytes per sample) until the last scan.
+bool jpeg_is_progressive(std::span<const std::byte> encoded) {
+  const auto at = [&](std::size_t i) { return std::to_integer<unsigned>(encoded[i]); };
+  std::size_t i = 2;  // after SOI
+  while (i + 4 <= encoded.size()) {
+    if (at(i) != 0xFF) return false;  // not a marker where one must be: the decoder will say
+    const unsigned marker = at(i + 1);
+    if (marker == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (marker == 0xC2 || marker == 0xC6 || marker == 0xCA) return true;
+    if (marker == 0xDA || marker == 0xD9) return false;  // the first scan, or the end
+    i += 2 + (at(i + 2) << 8 | at(i + 3));
+  }
+  return false;
+}
+
 RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> encoded,
                           const DecodeLimits& limits) {
   const auto* data = reinterpret_cast<const unsigned char*>(encoded.data());
@@ -94,9 +113,14 @@ RgbImage decode_jpeg_with(tjhandle decompressor, std::span<const std::byte> enco
   const int pixel_format = cmyk ? TJPF_CMYK : TJPF_RGB;  // grayscale comes out replicated
   const int pixel_bytes = cmyk ? 4 : 3;
   const std::size_t pixels = static_cast<std::size_t>(width) * static_cast<std::size_t>(height);
-  before_allocating(
-      limits,
-      ImageHeader{.width = width, .height = height, .decode_scratch_bytes = cmyk ? pixels * 4 : 0});
+  // The CMYK samples before conversion, and a progressive file's coefficients (2 bytes for each
+  // sample of each component, at most; fewer when the chroma is subsampled).
+  const std::uint64_t coefficients =
+      jpeg_is_progressive(encoded) ? std::uint64_t{pixels} * 2 * (cmyk ? 4 : 3) : 0;
+  before_allocating(limits, ImageHeader{.width = width,
+                                        .height = height,
+                                        .decode_scratch_bytes =
+                                            (cmyk ? std::uint64_t{pixels} * 4 : 0) + coefficients});
 
   RgbImage image;
   image.width = width;

@@ -27,8 +27,8 @@ class DecodeError : public std::runtime_error {
 struct ImageHeader {
   int width = 0;
   int height = 0;
-  // Bytes the decoder needs besides the RGB result: CMYK samples of a CMYK JPEG, libpng's
-  // output rows of a PNG (up to 8 bytes a pixel for 16-bit RGBA).
+  // Bytes the decoder needs besides the RGB result: CMYK samples of a CMYK JPEG, the DCT
+  // coefficients of a progressive JPEG, libpng's output rows of a PNG (up to 8 bytes a pixel).
   std::uint64_t decode_scratch_bytes = 0;
   std::uint64_t pixels() const {
     return static_cast<std::uint64_t>(width) * static_cast<std::uint64_t>(height);

@@ -7,6 +7,8 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 
+#include "src/store/log_text.h"
+
 namespace dsfs::fs {
 
 std::string render_info_json(const prefetch::DatasetSnapshot& dataset, std::string_view ns) {
@@ -81,7 +83,8 @@ std::string render_metadata_jsonl(const catalog::Catalog& catalog) {
       }
     } else {
       // Ingest stores objects only; anything else is kept verbatim rather than dropped.
-      spdlog::warn("metadata of {} is not a JSON object; served as a string", catalog.path(i));
+      spdlog::warn("metadata of {} is not a JSON object; served as a string",
+                   store::log_text(catalog.path(i)));
       line["metadata"] = std::string(metadata);
     }
     out += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

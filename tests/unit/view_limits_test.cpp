@@ -65,14 +65,14 @@ std::vector<std::byte> png_claiming(std::uint32_t width, std::uint32_t height) {
   return png;
 }
 
-std::vector<std::byte> encode_jpeg(int width, int height) {
+std::vector<std::byte> encode_jpeg(int width, int height, int flags = 0) {
   std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * height * 3);
   for (std::size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<std::uint8_t>(i * 7);
   tjhandle compressor = tjInitCompress();
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
   EXPECT_EQ(tjCompress2(compressor, rgb.data(), width, 0, height, TJPF_RGB, &jpeg, &size,
-                        TJSAMP_420, 90, 0),
+                        TJSAMP_420, 90, flags),
             0);
   std::vector<std::byte> out(reinterpret_cast<std::byte*>(jpeg),
                              reinterpret_cast<std::byte*>(jpeg) + size);
@@ -145,6 +145,17 @@ TEST(ViewMaxPixels, TheLimitIsTheOneGivenAndTheHeaderIsToldFirst) {
   });
   ASSERT_EQ(png_headers.size(), 1u);
   EXPECT_EQ(png_headers[0].decode_bytes(), 100u * 50 * 3 + 100u * 3 * 50);
+}
+
+TEST(ViewMaxPixels, AProgressiveJpegCountsItsCoefficients) {
+  // libjpeg keeps a progressive image's coefficients until its last scan.
+  std::vector<ImageHeader> headers;
+  const RgbImage image =
+      decode_image(encode_jpeg(20, 10, TJFLAG_PROGRESSIVE), kDefaultMaxPixels,
+                   [&](const ImageHeader& header) { headers.push_back(header); });
+  EXPECT_EQ(image.height, 10);
+  ASSERT_EQ(headers.size(), 1u);
+  EXPECT_EQ(headers[0].decode_bytes(), 20u * 10 * 3 + 20u * 10 * 2 * 3);
 }
 
 TEST(RenderMemoryBudget, ReservesWaitsForRoomAndRefusesWhatCanNeverFit) {
