@@ -448,7 +448,8 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "Bytes of rendered .views files kept in memory while readers fetch them "
                    "(e.g. 256MiB); the kernel's page cache keeps them afterwards. A SPEC whose "
                    ".npy files would exceed half of it is refused (its directory does not exist; "
-                   "the log says why), so no file is rendered more than once per read")
+                   "the log says why), so a file, once rendered, is read from memory rather than "
+                   "rendered again per READ")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   mount
@@ -456,7 +457,7 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "Largest source image a .views file decodes, in pixels (width x height, read "
                    "from the image's header before anything is allocated); a larger image's "
                    "view fails with EIO and a log line. Default 67108864 (8192x8192); at most "
-                   "357913940, where PIL refuses images as decompression bombs")
+                   "178956970, where PIL refuses images as decompression bombs")
       ->check(CLI::Range(std::uint64_t{1}, view::kMaxPixelsCeiling))
       ->capture_default_str();
   mount
