@@ -24,6 +24,7 @@
 #include "src/catalog/names.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 #include "src/store/pool.h"
 
 namespace dsfs::fs {
@@ -159,6 +160,19 @@ catalog::DatasetInfo GenerationLeases::pin_current(store::Connection& conn,
   spdlog::debug("dataset '{}': pinned generation {} as reader {} for {} s", name, info.generation,
                 reader_id_, seconds(ttl_));
   return info;
+}
+
+void GenerationLeases::unpin(store::Connection& conn, const std::string& name) {
+  std::optional<Lease> lease;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = std::find_if(leases_.begin(), leases_.end(),
+                                 [&](const Lease& held) { return held.name == name; });
+    if (it == leases_.end()) return;
+    lease = *it;
+    leases_.erase(it);
+  }
+  catalog::unpin_generation(conn, keys_, lease->name, reader_id_, lease->generation);
 }
 
 void GenerationLeases::start_refreshing() {
@@ -321,18 +335,36 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
       const std::string message = fmt::format(
           "dataset '{}' cannot be mounted: its name is taken by the mount's own {} directory; "
           "re-ingest it under another name",
-          name, name);
+          store::log_text(name), store::log_text(name));
       if (explicit_names) throw std::runtime_error(message);
       spdlog::warn("{}", message);
       continue;
     }
     prefetch::DatasetSnapshot snapshot;
     snapshot.index = static_cast<uint32_t>(datasets.size());
-    // Pinned before loading: from here on no re-ingest's GC can delete what the mount serves.
-    snapshot.info =
-        leases ? leases->pin_current(*conn, name) : catalog::read_info(*conn, keys, name);
     const auto started = std::chrono::steady_clock::now();
-    snapshot.catalog = catalog::load_catalog(*conn, keys, snapshot.info);
+    try {
+      // Pinned before loading: from here on no re-ingest's GC can delete what the mount serves.
+      snapshot.info =
+          leases ? leases->pin_current(*conn, name) : catalog::read_info(*conn, keys, name);
+      snapshot.catalog = catalog::load_catalog(*conn, keys, snapshot.info);
+    } catch (const store::ConnectionError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      // Damaged (corrupt or mistyped info, a missing or corrupt manifest) or of a newer schema.
+      // A dataset the user named is an error; one of "all datasets" is skipped, so that one bad
+      // dataset does not take the others down, and its lease is dropped so `dsfs rm` can
+      // remove it while this mount lives.
+      if (explicit_names) throw;
+      spdlog::warn("dataset '{}' skipped: {}", name, store::log_text(e.what(), 400));
+      try {
+        if (leases) leases->unpin(*conn, name);
+      } catch (const store::ReplyError& unpin_error) {
+        spdlog::warn("dataset '{}': cannot drop this mount's lease ({}); it expires by itself",
+                     name, store::log_text(unpin_error.what()));
+      }
+      continue;
+    }
     spdlog::info(
         "dataset '{}' generation {}: {} files, {} directories, {:.1f} MB, catalogue loaded "
         "in {:.2f} s ({:.1f} MB in memory)",

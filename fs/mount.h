@@ -68,6 +68,9 @@ class GenerationLeases {
   // Pins the current generation of `name` (catalog::pin_current_generation) and returns its
   // info; the lease is then renewed and released by this object.
   catalog::DatasetInfo pin_current(store::Connection& conn, const std::string& name);
+  // Unpins the lease pin_current took on `name` (a dataset the mount then failed to load), so
+  // nothing keeps it pinned; a no-op for a name not pinned. Throws store errors.
+  void unpin(store::Connection& conn, const std::string& name);
   // Starts renewing. Call once this process will not fork any more: threads do not survive it.
   void start_refreshing();
   // Stops renewing and unpins every lease, best effort: a failure is logged and that lease
@@ -105,7 +108,9 @@ class GenerationLeases {
 // empty), retrying for up to `connect_wait` while Redis cannot be reached. With `leases`, each
 // generation is pinned before its catalogue is loaded, so no garbage collection can delete it
 // while the mount lives. Throws store::ConnectionError (naming the endpoint),
-// catalog::DatasetNotFound, or std::runtime_error (a dataset name the mount cannot show).
+// catalog::DatasetNotFound, or std::runtime_error (a dataset name the mount cannot show). Of all
+// datasets (`names` empty), a damaged one (catalog::DatasetDamaged, catalog::ManifestError) or one
+// of a newer schema is skipped with a warning naming it and the reason; a named one throws.
 std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
                                                      const catalog::KeySchema& keys,
                                                      const std::vector<std::string>& names,

@@ -12,6 +12,7 @@
 #include "src/catalog/dataset.h"
 #include "src/catalog/names.h"
 #include "src/store/connection.h"
+#include "src/store/errors.h"
 #include "tools/progress.h"
 
 namespace dsfs::tools {
@@ -61,34 +62,39 @@ void list_command(const cli::GlobalOptions& global, bool as_json) {
   const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
   store::Connection conn(endpoint);
-  std::vector<std::string> names = catalog::list_datasets(conn, keys);
-  std::sort(names.begin(), names.end());
-  std::vector<catalog::DatasetInfo> infos;
-  infos.reserve(names.size());
-  for (const auto& name : names) {
-    try {
-      infos.push_back(catalog::read_info(conn, keys, name));
-    } catch (const catalog::DatasetNotFound&) {
-      // Removed between the two reads.
-    }
-  }
+  // A damaged dataset is shown as such, with its reason; it never hides the others.
+  const std::vector<catalog::DatasetStatus> statuses = catalog::list_dataset_status(conn, keys);
   if (as_json) {
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& info : infos) list.push_back(info_to_json(info));
+    for (const auto& status : statuses) {
+      list.push_back(status.info
+                         ? info_to_json(*status.info)
+                         : nlohmann::json{{"name", status.name}, {"damaged", status.damage}});
+    }
     fmt::print("{}\n", list.dump(2));
     return;
   }
-  if (infos.empty()) {
+  if (statuses.empty()) {
     fmt::print(stderr, "no datasets in namespace '{}' on {}; add one with `dsfs ingest`\n",
                keys.ns(), endpoint.describe());
     return;
   }
   size_t name_width = 4;
-  for (const auto& info : infos) name_width = std::max(name_width, info.name.size());
+  for (const auto& status : statuses) name_width = std::max(name_width, status.name.size());
   fmt::print("{:<{}}  {:>12}  {:>10}  {:>10}\n", "NAME", name_width, "FILES", "SIZE", "GENERATION");
-  for (const auto& info : infos) {
-    fmt::print("{:<{}}  {:>12}  {:>10}  {:>10}\n", info.name, name_width,
-               format_count(info.file_count), format_bytes(info.total_bytes), info.generation);
+  size_t damaged = 0;
+  for (const auto& status : statuses) {
+    if (const auto& info = status.info) {
+      fmt::print("{:<{}}  {:>12}  {:>10}  {:>10}\n", status.name, name_width,
+                 format_count(info->file_count), format_bytes(info->total_bytes), info->generation);
+    } else {
+      ++damaged;
+      fmt::print("{:<{}}  damaged: {}\n", status.name, name_width, status.damage);
+    }
+  }
+  if (damaged > 0) {
+    fmt::print(stderr, "{} damaged dataset(s): mounts skip them; `dsfs rm NAME` removes one\n",
+               damaged);
   }
 }
 
@@ -130,7 +136,18 @@ void rm_command(const cli::GlobalOptions& global, const std::string& name,
   // A mounted dataset's reads would fail with EIO mid-training, and a dataset re-created under
   // the same name reuses its generation numbers, so the stale mount could even read the new
   // objects: refuse unless asked.
-  if (const auto leases = catalog::live_leases(conn, keys, name); !leases.empty() && !force) {
+  std::vector<std::string> leases;
+  if (!force) {
+    try {
+      leases = catalog::live_leases(conn, keys, name);
+    } catch (const store::ReplyError& e) {
+      throw std::runtime_error(fmt::format(
+          "cannot read the leases of dataset '{}' ({}); it is damaged: pass --force to remove "
+          "it anyway",
+          name, e.what()));
+    }
+  }
+  if (!leases.empty()) {
     std::string holders;
     for (size_t i = 0; i < leases.size() && i < 3; ++i) {
       holders += fmt::format("{}{}", i ? ", " : "", leases[i]);

@@ -111,7 +111,7 @@ uint64_t count_missing_objects(store::Connection& conn, const catalog::KeySchema
 }  // namespace
 
 void validate_ingest_options(const IngestOptions& options) {
-  catalog::validate_dataset_name(options.dataset);
+  catalog::validate_new_dataset_name(options.dataset);
   if (options.jobs < 1 || options.jobs > kMaxJobs) {
     throw std::invalid_argument(
         fmt::format("--jobs {} is out of range: use 1 to {}", options.jobs, kMaxJobs));

@@ -19,6 +19,7 @@
 #include "src/catalog/manifest.h"
 #include "src/catalog/names.h"
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::catalog {
 namespace {
@@ -47,7 +48,7 @@ std::string_view as_text(std::span<const std::byte> bytes) {
 }
 
 [[noreturn]] void throw_corrupt_info(std::string_view name, std::string_view problem) {
-  throw std::runtime_error(fmt::format(
+  throw DatasetDamaged(fmt::format(
       "dataset '{}' has a corrupt info hash ({}); remove it with `dsfs rm {}` and ingest it again",
       name, problem, name));
 }
@@ -66,7 +67,8 @@ template <typename T = uint64_t>
 T parse_field(std::string_view name, std::string_view field, std::string_view text, int base = 10) {
   const std::optional<T> value = parse_number<T>(text, base);
   if (!value) {
-    throw_corrupt_info(name, fmt::format("field '{}' is '{}', not a number", field, text));
+    throw_corrupt_info(
+        name, fmt::format("field '{}' is '{}', not a number", field, store::log_text(text, 40)));
   }
   return *value;
 }
@@ -157,10 +159,58 @@ std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema&
   return published;
 }
 
+std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const KeySchema& keys) {
+  std::vector<DatasetStatus> statuses;
+  for (const std::string& name : list_datasets(conn, keys)) {
+    DatasetStatus& status = statuses.emplace_back();
+    status.name = store::log_text(name);
+    if (!is_valid_dataset_name(name)) {
+      status.damage = fmt::format(
+          "not a valid dataset name, so not written by dsfs; remove it from the set with "
+          "`redis-cli SREM {} NAME`",
+          keys.datasets());
+      continue;
+    }
+    try {
+      status.info = read_info(conn, keys, name);
+    } catch (const DatasetNotFound&) {
+      statuses.pop_back();  // removed since it was listed
+    } catch (const DatasetDamaged& e) {
+      status.damage = e.what();
+    } catch (const store::ConnectionError&) {
+      throw;
+    } catch (const std::runtime_error& e) {  // a newer schema version, an error reply
+      status.damage = store::log_text(e.what());
+    }
+  }
+  // The manifest each healthy dataset's current generation names: one pipelined round.
+  std::vector<DatasetStatus*> healthy;
+  std::vector<std::array<std::string, 2>> exists;
+  for (DatasetStatus& status : statuses) {
+    if (!status.info) continue;
+    healthy.push_back(&status);
+    exists.push_back({"EXISTS", keys.manifest_chunk(status.name, status.info->generation, 0)});
+  }
+  store::pipeline(conn, exists, 64, [&](size_t i, const store::Reply& reply) {
+    reply.expect_ok("EXISTS manifest");
+    if (reply.integer() != 0) return;
+    DatasetStatus& status = *healthy[i];
+    status.damage = fmt::format(
+        "dataset '{}' is damaged: the manifest of its generation {} ({}) is missing; remove it "
+        "with `dsfs rm {}` and ingest it again",
+        status.name, status.info->generation, exists[i][1], status.name);
+    status.info.reset();
+  });
+  return statuses;
+}
+
 DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std::string& name) {
   validate_dataset_name(name);
-  const auto flat = string_elements(conn.command({"HGETALL", keys.info(name)}),
-                                    fmt::format("HGETALL {}", keys.info(name)));
+  store::Reply reply = conn.command({"HGETALL", keys.info(name)});
+  if (reply.is_error() && reply.str().starts_with("WRONGTYPE")) {
+    throw_corrupt_info(name, fmt::format("{} is not a hash", keys.info(name)));
+  }
+  const auto flat = string_elements(reply, fmt::format("HGETALL {}", keys.info(name)));
   if (flat.empty()) throw_not_found(conn, keys, name);
   if (flat.size() % 2 != 0) throw_corrupt_info(name, "odd HGETALL reply");
   std::map<std::string, std::string, std::less<>> fields;
@@ -203,7 +253,8 @@ DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std:
   info.manifest_bytes = parse_field(name, "manifest_bytes", field("manifest_bytes"));
   const std::string& hash = field("manifest_xxh64");
   if (hash.size() != 16) {
-    throw_corrupt_info(name, fmt::format("manifest_xxh64 '{}' is not 16 hex digits", hash));
+    throw_corrupt_info(
+        name, fmt::format("manifest_xxh64 '{}' is not 16 hex digits", store::log_text(hash, 40)));
   }
   info.manifest_xxh64 = parse_field(name, "manifest_xxh64", hash, 16);
   return info;
@@ -276,7 +327,7 @@ std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySc
 }
 
 uint64_t begin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name) {
-  validate_dataset_name(name);
+  validate_new_dataset_name(name);
   const long long gen =
       conn.command({"INCR", keys.next_generation(name)}).expect_ok("INCR nextgen").integer();
   // Recorded before any object is written, so GC and rm always find this generation's keys.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,14 @@
 namespace dsfs::catalog {
 
 class DatasetNotFound : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The dataset's keys in Redis are not what dsfs wrote: its info hash is corrupt, of another type
+// (WRONGTYPE), or names a manifest that is missing. Other datasets are unaffected: listing and
+// mounting all datasets skip this one with its reason, and `dsfs rm` still removes it.
+class DatasetDamaged : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -40,10 +49,26 @@ struct DatasetInfo {
   uint64_t manifest_xxh64 = 0;  // of the whole manifest byte string
 };
 
+// Published datasets (those whose info key exists), sorted. A name in the set that is not a valid
+// dataset name is listed too; read_info reports it as damaged.
 std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema& keys);
 
+// One dataset of a listing: its info, or why it cannot be served.
+struct DatasetStatus {
+  std::string name;
+  std::optional<DatasetInfo> info;  // set when healthy
+  std::string damage;               // set when not: the reason, escaped for printing
+};
+
+// Reads the info of every published dataset and checks that the manifest its current
+// generation names exists (one pipelined EXISTS each; the manifest's checksum is checked when a
+// mount loads it). A damaged dataset is reported in `damage`, never thrown: one bad dataset does
+// not hide the others. Throws store errors only (Redis unreachable, the datasets set damaged).
+std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const KeySchema& keys);
+
 // Throws DatasetNotFound ("dataset 'x' not found in namespace 'dsfs' on <endpoint>; see
-// `dsfs list`") or std::runtime_error if the hash is corrupt / of a newer schema version.
+// `dsfs list`"), DatasetDamaged if the hash is corrupt or not a hash (or the name stored in the
+// datasets set is not a valid name), or std::runtime_error if it is of a newer schema version.
 DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std::string& name);
 
 // Fetches and decodes the manifest of info.generation. Throws ManifestError if chunks are

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "src/store/log_text.h"
+
 namespace dsfs::catalog {
 namespace {
 
@@ -27,8 +29,23 @@ bool is_valid_dataset_name(std::string_view name) {
 
 void validate_dataset_name(std::string_view name) {
   if (!is_valid_dataset_name(name)) {
+    throw std::invalid_argument(
+        fmt::format("invalid dataset name '{}': use 1-128 of A-Z a-z 0-9 . _ - (not '.' or '..')",
+                    store::log_text(name)));
+  }
+}
+
+bool is_reserved_dataset_name(std::string_view name) {
+  return name.starts_with('.');
+}
+
+void validate_new_dataset_name(std::string_view name) {
+  validate_dataset_name(name);
+  if (is_reserved_dataset_name(name)) {
     throw std::invalid_argument(fmt::format(
-        "invalid dataset name '{}': use 1-128 of A-Z a-z 0-9 . _ - (not '.' or '..')", name));
+        "dataset name '{}' is reserved: names beginning with '.' belong to the mount's own "
+        "directories (.dsfs, .meta, .views); choose a name that begins with a letter or digit",
+        name));
   }
 }
 
@@ -40,7 +57,7 @@ bool is_valid_path_component(std::string_view component) {
 void validate_namespace(std::string_view ns) {
   if (ns.empty() || ns.size() > 64 || !std::all_of(ns.begin(), ns.end(), is_name_char)) {
     throw std::invalid_argument(
-        fmt::format("invalid namespace '{}': use 1-64 of A-Z a-z 0-9 . _ -", ns));
+        fmt::format("invalid namespace '{}': use 1-64 of A-Z a-z 0-9 . _ -", store::log_text(ns)));
   }
 }
 
