@@ -56,7 +56,8 @@ std::string format_rate(double bytes_per_second);
 // they hit still depends on how the kernel split the stream.
 struct FaultOptions {
   // Reset (TCP RST) each connection once this many bytes of replies went to its client: the
-  // client gets exactly these bytes, then ECONNRESET. 0: never.
+  // client gets these bytes, then ECONNRESET (fewer when some still sat unsent in the proxy's
+  // socket buffer, which a reset discards). 0: never.
   uint64_t reset_after_bytes = 0;
   // Per chunk forwarded, either direction: reset the connection at a random byte of it (what
   // came before is delivered first).

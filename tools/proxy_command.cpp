@@ -363,9 +363,11 @@ void register_proxy_command(CLI::App& app, cli::GlobalOptions& global) {
                   "every --stats interval (every 1s when --stats is 0) and once more on exit");
   // Faults.
   const std::string faults = "Fault injection";
-  sub->add_option("--reset-after", state->reset_after_bytes,
-                  "Reset (TCP RST) every connection once this many bytes of replies went to its "
-                  "client: the client gets exactly these bytes, then ECONNRESET; 0: never")
+  sub->add_option(
+         "--reset-after", state->reset_after_bytes,
+         "Reset (TCP RST) every connection once this many bytes of replies went to its "
+         "client: it gets these bytes (fewer if they still sat in the proxy's send buffer), "
+         "then ECONNRESET; 0: never")
       ->group(faults)
       ->capture_default_str();
   sub->add_option("--reset-probability", state->reset_probability,
