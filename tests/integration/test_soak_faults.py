@@ -48,10 +48,12 @@ HANG_GUARD_S = 2 * (MOUNT_TIMEOUT_S + IO_TIMEOUT_S) + 5
 # exercised too, not only the retries.
 REDIS_DOWN_S = MOUNT_TIMEOUT_S + 1.0
 
-# Each kind of fault, often enough that a 20 s soak sees every one many times.
+# Each kind of fault, often enough that a 20 s soak sees every one many times. Stalls outlast
+# the I/O timeout, so the client gives up on the stalled connection (whose late reply must never
+# be read as the answer to a later GET).
 PROXY_FAULTS = [
     "--reset-probability", "0.003", "--truncate-probability", "0.003",
-    "--stall-probability", "0.003", "--stall", "700ms",
+    "--stall-probability", "0.002", "--stall", "2500ms",
     "--reset-after", str(24 << 20),
     "--refuse-for", "400ms", "--refuse-every", "4s",
 ]
@@ -420,6 +422,30 @@ class SoakFaultsTest(DsfsTestCase):
         self.assertEqual(soak_failures(r, faults, len(self.expected)), [])
         self.umount(mnt)
         return r
+
+    def test_the_check_catches_wrong_bytes_that_the_mount_serves(self):
+        # The soak's own check, not the mount's: with --verify off, a byte changed in Redis
+        # (same length) is served, and the readers must report every such file.
+        flip_first_byte = (
+            "local n = 0 "
+            "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do "
+            "  local b = redis.call('GETRANGE', k, 0, 0) "
+            "  if #b == 1 then "
+            "    redis.call('SETRANGE', k, 0, string.char((string.byte(b) + 1) % 256)) "
+            "    n = n + 1 "
+            "  end "
+            "end "
+            "return n")
+        changed = int(self.redis.cli("EVAL", flip_first_byte, "0", "dsfs:soak:*:o:*"))
+        non_empty = sum(1 for size, _ in self.expected.values() if size > 0)
+        # Chunked files have one key per chunk, each changed.
+        self.assertGreaterEqual(changed, non_empty)
+        mnt = self.mount("--cache-size", str(CACHE_BYTES))
+        readers = Readers(mnt, "soak", self.expected)
+        readers.run_pass()
+        self.assertEqual(len(readers.wrong), non_empty, readers.wrong[:3])
+        self.assertEqual(readers.ok_files, len(self.expected) - non_empty)
+        self.assertEqual(dict(readers.errors), {})
 
     def test_soak_without_verify(self):
         self.soak(verify=False)
