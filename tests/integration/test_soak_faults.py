@@ -27,12 +27,11 @@ import json
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 import unittest
 
-from harness import DSFS, DsfsTestCase, is_mounted
+from harness import DSFS, DsfsTestCase
 
 READERS = 64
 CACHE_BYTES = 16 << 20
