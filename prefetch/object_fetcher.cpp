@@ -41,8 +41,18 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   unsigned attempts = 0;
   std::vector<store::ValueReply> replies;
   const bool was_down = redis_down_.load(std::memory_order_relaxed);
+  const uint64_t file = uint64_t{dataset.index} << 32 | entry;
+  bool failed_lately = false;
+  {
+    std::lock_guard lock(failed_mutex_);
+    if (const auto it = recently_failed_.find(file); it != recently_failed_.end()) {
+      failed_lately = std::chrono::steady_clock::now() - it->second < options_.timeout;
+      if (!failed_lately) recently_failed_.erase(it);
+    }
+  }
+  const bool try_once = was_down || failed_lately;
   try {
-    replies = store::with_retry(was_down ? std::chrono::milliseconds{0} : options_.timeout, [&] {
+    replies = store::with_retry(try_once ? std::chrono::milliseconds{0} : options_.timeout, [&] {
       if (attempts++ > 0) stats_.retries.fetch_add(1, std::memory_order_relaxed);
       store::ConnectionPool::Lease conn = pool_.acquire();
       std::vector<store::ValueReply> got = conn->get_values(keys, options_.pipeline_window);
@@ -59,6 +69,16 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
     });
   } catch (const store::ConnectionError& e) {
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
+    if (!try_once) {
+      std::lock_guard lock(failed_mutex_);
+      // Bounded: past this many files failing at once, forget the expired ones.
+      if (recently_failed_.size() >= 65536) {
+        std::erase_if(recently_failed_, [&](const auto& item) {
+          return std::chrono::steady_clock::now() - item.second >= options_.timeout;
+        });
+      }
+      recently_failed_[file] = std::chrono::steady_clock::now();
+    }
     if (!redis_down_.exchange(true)) {
       spdlog::error(
           "read of {}/{} failed: Redis unreachable for {} ms ({}); reads fail at once "
@@ -72,6 +92,10 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   }
   if (redis_down_.exchange(false)) {
     spdlog::info("Redis at {} answers again", pool_.endpoint().describe());
+  }
+  if (failed_lately) {
+    std::lock_guard lock(failed_mutex_);
+    recently_failed_.erase(file);
   }
 
   std::vector<ObjectBuffer> buffers;

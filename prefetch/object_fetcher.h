@@ -5,9 +5,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"
@@ -89,6 +91,13 @@ class ObjectFetcher {
   // Meanwhile fetches try once instead of waiting again: the kernel re-issues a failed read,
   // and a loader walking many files would otherwise block a full timeout on every one.
   std::atomic<bool> redis_down_{false};
+  // Files (dataset index << 32 | entry) whose fetch failed after waiting the whole timeout, and
+  // when. Until the timeout has passed again, a fetch of the same file tries once: the kernel
+  // re-issues a failed READ (the readahead, then the page), and a success of another file clears
+  // redis_down_, so with Redis half-reachable one read(2) waited several timeouts before EIO.
+  // Guarded by failed_mutex_; entries go on success, or when found expired.
+  std::mutex failed_mutex_;
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> recently_failed_;
 };
 
 // CRC-32C (Castagnoli), for manifests that record it instead of XXH64.

@@ -216,6 +216,9 @@ struct Direction {
   bool end_released = false;
   bool finished = false;  // destination shut down for writing
   bool destination_full = false;
+  // An injected fault: once the bytes before it are delivered, the connection is reset or
+  // closed instead of shut down for writing (end_read is then set and marks the cut).
+  FaultDecision::Cut cut = FaultDecision::Cut::kNone;
 
   uint64_t queued() const { return tail - head; }
 };
@@ -264,6 +267,11 @@ struct Counters {
   std::atomic<uint64_t> lateness_sum_ns{0};
   std::atomic<uint64_t> lateness_max_ns{0};
   std::array<std::atomic<uint64_t>, kLatenessBuckets> lateness_buckets{};
+  std::atomic<uint64_t> fault_resets{0};
+  std::atomic<uint64_t> fault_truncations{0};
+  std::atomic<uint64_t> fault_stalls{0};
+  std::atomic<uint64_t> refuse_windows{0};
+  std::atomic<bool> refusing{false};
 };
 
 void add(std::atomic<uint64_t>& counter, uint64_t amount) {
@@ -466,6 +474,80 @@ void validate_proxy_options(const ProxyOptions& options) {
   };
   check_address(options.listen, "--listen", true);
   check_address(options.upstream, "--upstream", false);
+
+  const FaultOptions& faults = options.faults;
+  const auto check_probability = [](double p, std::string_view what) {
+    if (!(p >= 0 && p <= 1)) {
+      bad_argument(fmt::format("{} must be a probability in 0..1, not {}", what, p));
+    }
+  };
+  check_probability(faults.reset_probability, "--reset-probability");
+  check_probability(faults.truncate_probability, "--truncate-probability");
+  check_probability(faults.stall_probability, "--stall-probability");
+  if (faults.stall < 0ns || faults.stall > kMaxDuration) bad_argument("--stall must be in 0..1h");
+  if (faults.stall_probability > 0 && faults.stall == 0ns) {
+    bad_argument("--stall-probability needs --stall (how long a stall lasts, e.g. 500ms)");
+  }
+  if (faults.refuse_for < 0ns || faults.refuse_every < 0ns) {
+    bad_argument("--refuse-for and --refuse-every must not be negative");
+  }
+  if (faults.refuse_every > 0ns && faults.refuse_for == 0ns) {
+    bad_argument("--refuse-every needs --refuse-for (how long each refusal window lasts)");
+  }
+  if (faults.refuse_every > 0ns && faults.refuse_for >= faults.refuse_every) {
+    bad_argument(fmt::format(
+        "--refuse-for ({}) must be shorter than --refuse-every ({}), or the proxy never accepts",
+        format_duration(faults.refuse_for), format_duration(faults.refuse_every)));
+  }
+}
+
+// ---- fault injection ----
+
+FaultInjector::FaultInjector(const FaultOptions& options, uint64_t seed)
+    : options_(options), random_(seed) {}
+
+bool FaultInjector::draw(double probability) {
+  if (probability <= 0) return false;
+  if (probability >= 1) return true;
+  return std::uniform_real_distribution<double>(0, 1)(random_) < probability;
+}
+
+FaultDecision FaultInjector::on_chunk(bool to_client, uint64_t offset, size_t bytes) {
+  FaultDecision decision;
+  // Every draw is made for every chunk, so one fault's decisions do not shift the others'.
+  const bool reset = draw(options_.reset_probability);
+  const bool truncate = to_client && draw(options_.truncate_probability);
+  decision.stall = options_.stall > 0ns && draw(options_.stall_probability);
+  const size_t random_keep = std::uniform_int_distribution<size_t>(0, bytes - 1)(random_);
+  if (to_client && options_.reset_after_bytes > 0 && offset + bytes > options_.reset_after_bytes) {
+    decision.cut = FaultDecision::Cut::kReset;
+    decision.keep = static_cast<size_t>(options_.reset_after_bytes -
+                                        std::min(offset, options_.reset_after_bytes));
+  } else if (reset) {
+    decision.cut = FaultDecision::Cut::kReset;
+    decision.keep = random_keep;
+  } else if (truncate) {
+    decision.cut = FaultDecision::Cut::kTruncate;
+    decision.keep = random_keep;
+  }
+  return decision;
+}
+
+bool FaultInjector::refusing(nanoseconds since_start) const {
+  if (options_.refuse_for <= 0ns || since_start < 0ns) return false;
+  if (options_.refuse_every <= 0ns) return since_start < options_.refuse_for;
+  return since_start % options_.refuse_every < options_.refuse_for;
+}
+
+nanoseconds FaultInjector::next_refuse_change(nanoseconds since_start) const {
+  if (options_.refuse_for <= 0ns) return nanoseconds::max();
+  since_start = std::max(since_start, nanoseconds{0});
+  if (options_.refuse_every <= 0ns) {
+    return since_start < options_.refuse_for ? options_.refuse_for : nanoseconds::max();
+  }
+  const nanoseconds window_start = since_start - since_start % options_.refuse_every;
+  if (since_start < window_start + options_.refuse_for) return window_start + options_.refuse_for;
+  return window_start + options_.refuse_every;
 }
 
 // ---- the emulated link ----
@@ -517,6 +599,10 @@ class LatencyProxy::Engine {
   enum class ReadOutcome { kProgress, kIdle, kClosed };
 
   void listen();
+  // Opens the listening socket again after a refusal window, on the address it had.
+  bool relisten();
+  // Closes or reopens the listener as the refusal windows say; returns when to call it next.
+  void update_refusal(Time now);
   int wait(epoll_event* events, Time deadline);
   void accept_clients(Time now);
   void open_connection(UniqueFd client, Time now);
@@ -531,7 +617,9 @@ class LatencyProxy::Engine {
   bool flush(Connection& c, Direction& d, Time now);
   bool settle(Connection& c, Direction& d);
   void release_blocks(Direction& d);
-  void close_connection(Connection& c, std::string_view why);
+  // `cut`: reset (RST) or plainly close both sides for an injected fault.
+  void close_connection(Connection& c, std::string_view why,
+                        FaultDecision::Cut cut = FaultDecision::Cut::kNone);
   void record_lateness(nanoseconds lateness);
   void log_stats(std::string_view when);
 
@@ -555,6 +643,10 @@ class LatencyProxy::Engine {
   std::vector<std::pair<uint64_t, int>> deferred_;  // directions that had to yield their turn
   Time accept_retry_at_ = Time::max();
   Counters counters_;
+  uint64_t fault_seed_;
+  FaultInjector faults_;
+  Time started_at_ = ProxyClock::now();
+  Time refuse_change_at_ = Time::max();
   uint64_t bytes_at_last_stats_ = 0;
   Time last_stats_at_ = ProxyClock::now();
 };
@@ -562,7 +654,9 @@ class LatencyProxy::Engine {
 LatencyProxy::Engine::Engine(ProxyOptions options)
     : options_((validate_proxy_options(options), std::move(options))),
       jitter_seed_(options_.jitter_seed != 0 ? options_.jitter_seed : std::random_device{}()),
-      links_{EmulatedLink(options_, jitter_seed_), EmulatedLink(options_, jitter_seed_ + 1)} {
+      links_{EmulatedLink(options_, jitter_seed_), EmulatedLink(options_, jitter_seed_ + 1)},
+      fault_seed_(options_.faults.seed != 0 ? options_.faults.seed : std::random_device{}()),
+      faults_(options_.faults, fault_seed_) {
   try {
     const auto upstream = resolve(options_.upstream, false);
     upstream_ = upstream.front();
@@ -602,15 +696,9 @@ LatencyProxy::Engine::~Engine() {
   }
 }
 
-void LatencyProxy::Engine::listen() {
-  const SocketAddress& address = options_.listen;
-  std::vector<Endpoint> endpoints;
-  try {
-    endpoints = resolve(address, true);
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(fmt::format("--listen {}: {}", address.describe(), e.what()));
-  }
-  if (address.kind == SocketAddress::Kind::kUnix) clear_stale_unix_socket(address, endpoints[0]);
+namespace {
+// A non-blocking listening socket on `address` (resolved); throws std::runtime_error.
+UniqueFd open_listener(const SocketAddress& address, const std::vector<Endpoint>& endpoints) {
   int last_error = 0;
   for (const Endpoint& endpoint : endpoints) {
     UniqueFd fd(::socket(endpoint.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -626,19 +714,32 @@ void LatencyProxy::Engine::listen() {
       last_error = errno;
       continue;
     }
-    listener_ = std::move(fd);
-    break;
+    return fd;
   }
-  if (!listener_) {
-    throw std::runtime_error(
-        fmt::format("cannot listen on {}: {}", address.describe(), error_text(last_error)));
+  throw std::runtime_error(
+      fmt::format("cannot listen on {}: {}", address.describe(), error_text(last_error)));
+}
+
+std::optional<std::pair<dev_t, ino_t>> file_identity(const std::string& path) {
+  struct stat status {};
+  if (::lstat(path.c_str(), &status) != 0) return std::nullopt;
+  return std::make_pair(status.st_dev, status.st_ino);
+}
+}  // namespace
+
+void LatencyProxy::Engine::listen() {
+  const SocketAddress& address = options_.listen;
+  std::vector<Endpoint> endpoints;
+  try {
+    endpoints = resolve(address, true);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("--listen {}: {}", address.describe(), e.what()));
   }
+  if (address.kind == SocketAddress::Kind::kUnix) clear_stale_unix_socket(address, endpoints[0]);
+  listener_ = open_listener(address, endpoints);
   listening_ = address;
   if (address.kind == SocketAddress::Kind::kUnix) {
-    struct stat status {};
-    if (::lstat(address.path.c_str(), &status) == 0) {
-      unix_socket_identity_ = std::make_pair(status.st_dev, status.st_ino);
-    }
+    unix_socket_identity_ = file_identity(address.path);
   } else {
     sockaddr_storage bound{};
     socklen_t length = sizeof bound;
@@ -648,6 +749,57 @@ void LatencyProxy::Engine::listen() {
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     }
   }
+}
+
+bool LatencyProxy::Engine::relisten() {
+  try {
+    // The same port (the one the kernel picked for port 0) or the same socket file, which
+    // stayed in place while closed so that connects were refused rather than not found.
+    if (listening_.kind == SocketAddress::Kind::kUnix && unix_socket_identity_ &&
+        file_identity(listening_.path) == unix_socket_identity_) {
+      ::unlink(listening_.path.c_str());
+    }
+    listener_ = open_listener(listening_, resolve(listening_, true));
+  } catch (const std::runtime_error& e) {
+    spdlog::warn("dsfs proxy: a refusal window ended but {}; retrying in {}", e.what(),
+                 format_duration(kAcceptRetryDelay));
+    return false;
+  }
+  if (listening_.kind == SocketAddress::Kind::kUnix) {
+    unix_socket_identity_ = file_identity(listening_.path);
+  }
+  epoll_event listener_event{};
+  listener_event.events = EPOLLIN | EPOLLET;
+  listener_event.data.u64 = kListenerToken;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &listener_event) != 0) {
+    spdlog::warn("dsfs proxy: epoll_ctl failed for the listener: {}; retrying in {}",
+                 error_text(errno), format_duration(kAcceptRetryDelay));
+    listener_.reset();
+    return false;
+  }
+  return true;
+}
+
+void LatencyProxy::Engine::update_refusal(Time now) {
+  const nanoseconds since_start = now - started_at_;
+  const bool refuse = faults_.refusing(since_start);
+  if (refuse && listener_) {
+    listener_.reset();  // also leaves the epoll set; queued connects are reset
+    add(counters_.refuse_windows, 1);
+    counters_.refusing.store(true, std::memory_order_relaxed);
+    spdlog::info("dsfs proxy: refusing new connections for {} (injected fault)",
+                 format_duration(options_.faults.refuse_for));
+  } else if (!refuse && !listener_) {
+    if (!relisten()) {
+      refuse_change_at_ = now + kAcceptRetryDelay;
+      return;
+    }
+    counters_.refusing.store(false, std::memory_order_relaxed);
+    spdlog::info("dsfs proxy: accepting connections again");
+    accept_clients(now);
+  }
+  const nanoseconds next = faults_.next_refuse_change(since_start);
+  refuse_change_at_ = next == nanoseconds::max() ? Time::max() : started_at_ + next;
 }
 
 void LatencyProxy::Engine::stop() noexcept {
@@ -683,8 +835,13 @@ void LatencyProxy::Engine::run() {
   std::array<epoll_event, kMaxEvents> events{};
   Time next_stats =
       options_.stats_interval > 0ns ? ProxyClock::now() + options_.stats_interval : Time::max();
+  if (options_.faults.any()) {
+    spdlog::info("dsfs proxy: injecting faults, seed {} (--fault-seed repeats the decisions)",
+                 fault_seed_);
+  }
+  if (options_.faults.refuse_for > 0ns) update_refusal(ProxyClock::now());
   while (!stop_requested_.load(std::memory_order_relaxed)) {
-    Time deadline = std::min(next_stats, accept_retry_at_);
+    Time deadline = std::min({next_stats, accept_retry_at_, refuse_change_at_});
     if (!timers_.empty()) deadline = std::min(deadline, timers_.top().at);
     if (!deferred_.empty()) deadline = ProxyClock::now();  // poll, then give them their turn
     const int count = wait(events.data(), deadline);
@@ -713,6 +870,7 @@ void LatencyProxy::Engine::run() {
       accept_retry_at_ = Time::max();
       accept_clients(now);
     }
+    if (now >= refuse_change_at_) update_refusal(now);
     closed_.clear();
     if (now >= next_stats) {
       log_stats("");
@@ -729,6 +887,7 @@ void LatencyProxy::Engine::run() {
 }
 
 void LatencyProxy::Engine::accept_clients(Time now) {
+  if (!listener_) return;  // closed for a refusal window
   for (;;) {
     UniqueFd client(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (client) {
@@ -902,17 +1061,42 @@ LatencyProxy::Engine::ReadOutcome LatencyProxy::Engine::read_once(Connection& c,
   if (n > 0) {
     const uint64_t start = d.tail;
     uint64_t end = start;
-    links_[d.index].schedule(now, static_cast<size_t>(n), d.last_release,
-                             [&](size_t piece, Time release) {
-                               end += piece;
-                               if (!d.marks.empty() && d.marks.back().release == release) {
-                                 d.marks.back().end = end;
-                               } else {
-                                 d.marks.push_back({end, release, false});
-                               }
-                             });
+    size_t kept = static_cast<size_t>(n);
+    FaultDecision fault;
+    if (options_.faults.any()) {
+      fault = faults_.on_chunk(d.index == kToClient, start, kept);
+      if (fault.stall) {
+        // This chunk and all behind it wait the stall on top of the path's delay.
+        d.last_release = std::max(d.last_release, now + options_.rtt / 2) + options_.faults.stall;
+        add(counters_.fault_stalls, 1);
+        spdlog::debug("dsfs proxy: connection #{}: stalling the {} for {} (injected)", c.id,
+                      d.index == kToClient ? "replies" : "requests",
+                      format_duration(options_.faults.stall));
+      }
+      if (fault.cut != FaultDecision::Cut::kNone) kept = fault.keep;
+    }
+    links_[d.index].schedule(now, kept, d.last_release, [&](size_t piece, Time release) {
+      end += piece;
+      if (!d.marks.empty() && d.marks.back().release == release) {
+        d.marks.back().end = end;
+      } else {
+        d.marks.push_back({end, release, false});
+      }
+    });
     d.tail = end;
-    add(counters_.queued, static_cast<uint64_t>(n));
+    add(counters_.queued, kept);
+    if (fault.cut != FaultDecision::Cut::kNone) {
+      // Deliver what came before the cut at its time, then reset or close (settle()); the rest
+      // of the chunk is dropped and nothing more is read from this side.
+      d.cut = fault.cut;
+      d.end_read = true;
+      d.source_readable = false;
+      d.marks.push_back({d.tail, links_[d.index].schedule_end(now, d.last_release), true});
+      spdlog::debug("dsfs proxy: connection #{}: {} after {} bytes of {} (injected)", c.id,
+                    fault.cut == FaultDecision::Cut::kReset ? "reset" : "truncated", d.tail,
+                    d.index == kToClient ? "replies" : "requests");
+      return ReadOutcome::kProgress;
+    }
     // A short read drained the socket: the next arrival raises a new edge. After a hang-up no
     // edge follows the end of the stream, so read on until it.
     if (static_cast<size_t>(n) < requested && !d.source_hung_up) d.source_readable = false;
@@ -988,6 +1172,10 @@ bool LatencyProxy::Engine::settle(Connection& c, Direction& d) {
   // An upstream still connecting cannot be shut down yet; the connect completion pumps again.
   const bool connecting = c.connecting && d.index == kToUpstream;
   if (d.end_released && d.head == d.tail && !d.finished && !connecting) {
+    if (d.cut != FaultDecision::Cut::kNone) {
+      close_connection(c, "injected fault", d.cut);
+      return false;
+    }
     d.finished = true;
     ::shutdown(d.destination, SHUT_WR);  // ENOTCONN when the peer is already gone: fine
     if (c.directions[kToUpstream].finished && c.directions[kToClient].finished) {
@@ -1008,7 +1196,18 @@ void LatencyProxy::Engine::release_blocks(Direction& d) {
   d.base = d.tail;
 }
 
-void LatencyProxy::Engine::close_connection(Connection& c, std::string_view why) {
+void LatencyProxy::Engine::close_connection(Connection& c, std::string_view why,
+                                            FaultDecision::Cut cut) {
+  if (cut == FaultDecision::Cut::kReset) {
+    // A zero linger makes close() send RST (TCP); a unix socket just sees the close.
+    const linger abort{.l_onoff = 1, .l_linger = 0};
+    for (const UniqueFd* fd : {&c.client, &c.upstream}) {
+      if (*fd) ::setsockopt(fd->get(), SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+    }
+    add(counters_.fault_resets, 1);
+  } else if (cut == FaultDecision::Cut::kTruncate) {
+    add(counters_.fault_truncations, 1);
+  }
   if (why.empty()) {
     spdlog::debug("dsfs proxy: connection #{} closed", c.id);
   } else {
@@ -1065,6 +1264,12 @@ ProxyStats LatencyProxy::Engine::stats() const {
     }
     stats.lateness_max_ms = static_cast<double>(load(counters_.lateness_max_ns)) / 1e6;
   }
+  stats.fault_resets = load(counters_.fault_resets);
+  stats.fault_truncations = load(counters_.fault_truncations);
+  stats.fault_stalls = load(counters_.fault_stalls);
+  stats.refuse_windows = load(counters_.refuse_windows);
+  stats.refusing = counters_.refusing.load(std::memory_order_relaxed);
+  stats.fault_seed = fault_seed_;
   return stats;
 }
 
@@ -1085,6 +1290,13 @@ void LatencyProxy::Engine::log_stats(std::string_view when) {
       format_bytes(static_cast<double>(moved - bytes_at_last_stats_) / seconds),
       format_bytes(static_cast<double>(s.bytes_queued)), s.lateness_mean_ms, s.lateness_p99_ms,
       s.lateness_max_ms);
+  if (options_.faults.any()) {
+    spdlog::info(
+        "dsfs proxy: {}faults injected: {} resets, {} truncated replies, {} stalls, {} refusal "
+        "windows{}",
+        when, s.fault_resets, s.fault_truncations, s.fault_stalls, s.refuse_windows,
+        s.refusing ? " (refusing now)" : "");
+  }
   bytes_at_last_stats_ = moved;
 }
 

@@ -49,6 +49,71 @@ std::string format_duration(std::chrono::nanoseconds duration);
 // "1gbit", "80mbit", "unlimited" (0).
 std::string format_rate(double bytes_per_second);
 
+// Faults injected on purpose, to test how clients survive a bad network or server. A "chunk" is
+// what one read from a socket returned (up to 512 KiB; a reply may span several, a chunk may
+// hold several replies). Every random decision comes from one generator seeded by `seed`, in
+// the order chunks arrive: a seed makes the sequence of decisions repeatable, while which bytes
+// they hit still depends on how the kernel split the stream.
+struct FaultOptions {
+  // Reset (TCP RST) each connection once this many bytes of replies went to its client: the
+  // client gets these bytes, then ECONNRESET (fewer when some still sat unsent in the proxy's
+  // socket buffer, which a reset discards). 0: never.
+  uint64_t reset_after_bytes = 0;
+  // Per chunk forwarded, either direction: reset the connection at a random byte of it (what
+  // came before is delivered first).
+  double reset_probability = 0;
+  // Per chunk forwarded to the client: deliver a random part of it (at least one byte short),
+  // then close the connection normally (FIN): the client sees a reply cut short, then EOF.
+  double truncate_probability = 0;
+  // Per chunk forwarded, either direction: it and everything after it on that direction of the
+  // connection wait `stall` longer (order is kept).
+  double stall_probability = 0;
+  std::chrono::nanoseconds stall{0};
+  // Refuse new connections (the listening socket is closed, so a connect gets ECONNREFUSED)
+  // during [k * refuse_every, k * refuse_every + refuse_for) after the proxy started, k = 0, 1,
+  // ...; only k = 0 when refuse_every is 0. Open connections are not touched.
+  std::chrono::nanoseconds refuse_for{0};
+  std::chrono::nanoseconds refuse_every{0};
+  // Seeds the fault decisions; 0 picks a random seed (logged, so a run can be repeated).
+  uint64_t seed = 0;
+
+  bool any() const {
+    return reset_after_bytes > 0 || reset_probability > 0 || truncate_probability > 0 ||
+           (stall_probability > 0 && stall.count() > 0) || refuse_for.count() > 0;
+  }
+};
+
+// What to do with one chunk. Cuts: the first `keep` bytes of the chunk are delivered, the rest
+// (and anything read after it) is dropped, then the connection is reset or closed.
+struct FaultDecision {
+  enum class Cut { kNone, kReset, kTruncate };
+  Cut cut = Cut::kNone;
+  size_t keep = 0;     // with a cut: bytes of this chunk delivered before it (< the chunk)
+  bool stall = false;  // delay this chunk and what follows by FaultOptions::stall
+};
+
+// Draws the fault decisions. Pure logic on its inputs and its generator: unit-tested without
+// sockets. Not thread-safe (the proxy thread owns it).
+class FaultInjector {
+ public:
+  FaultInjector(const FaultOptions& options, uint64_t seed);
+
+  // A chunk of `bytes` (> 0) that starts at stream offset `offset` of one direction of one
+  // connection; `to_client`: it goes to the client (a reply).
+  FaultDecision on_chunk(bool to_client, uint64_t offset, size_t bytes);
+
+  // Whether new connections are refused `since_start` after the proxy started, and when (since
+  // the start) that next changes; nanoseconds::max() when it never does.
+  bool refusing(std::chrono::nanoseconds since_start) const;
+  std::chrono::nanoseconds next_refuse_change(std::chrono::nanoseconds since_start) const;
+
+ private:
+  bool draw(double probability);
+
+  FaultOptions options_;
+  std::mt19937_64 random_;
+};
+
 struct ProxyOptions {
   SocketAddress listen;
   SocketAddress upstream;
@@ -69,10 +134,12 @@ struct ProxyOptions {
   std::chrono::nanoseconds stats_interval{0};
   // Seeds the jitter; 0 picks a random seed.
   uint64_t jitter_seed = 0;
+  FaultOptions faults;
 };
 
 // Throws std::invalid_argument for options the proxy cannot run with (jitter above the RTT, a
-// negative duration or rate, upstream port 0, a queue bound under 64 KiB).
+// negative duration or rate, upstream port 0, a queue bound under 64 KiB, a probability outside
+// 0..1, a stall probability without a stall, a refusal window not shorter than its period).
 void validate_proxy_options(const ProxyOptions& options);
 
 // One direction of the emulated path, shared by every connection (one network interface): a
@@ -121,6 +188,14 @@ struct ProxyStats {
   double lateness_mean_ms = 0;
   double lateness_p99_ms = 0;  // upper bound of the power-of-two histogram bucket
   double lateness_max_ms = 0;
+  // Faults injected (FaultOptions): connections reset, replies truncated, chunks stalled,
+  // refusal windows begun, and whether new connections are being refused now.
+  uint64_t fault_resets = 0;
+  uint64_t fault_truncations = 0;
+  uint64_t fault_stalls = 0;
+  uint64_t refuse_windows = 0;
+  bool refusing = false;
+  uint64_t fault_seed = 0;  // the seed in use (the one picked when FaultOptions::seed is 0)
 };
 
 // The proxy engine: one thread, epoll, a min-heap of release times. The constructor binds and
