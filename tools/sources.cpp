@@ -12,12 +12,14 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <unordered_map>
 
 #include "src/catalog/names.h"
+#include "src/store/log_text.h"
 #include "tools/sources_internal.h"
 
 namespace dsfs::tools {
@@ -95,7 +97,7 @@ bool libarchive_recognises(const std::filesystem::path& file) {
                                                                 &archive_read_free);
   if (!reader) throw std::bad_alloc();
   archive_read_support_filter_all(reader.get());
-  archive_read_support_format_all(reader.get());
+  detail::enable_archive_formats(reader.get());
   if (archive_read_open_filename(reader.get(), file.c_str(), 64 * 1024) != ARCHIVE_OK) {
     return false;
   }
@@ -179,6 +181,20 @@ SourceKind detect_source_kind(const std::filesystem::path& source) {
   if (!complete) prefix.resize(prefix.rfind('\n') == std::string::npos ? 0 : prefix.rfind('\n'));
   if (looks_like_url_list(prefix)) return SourceKind::kUrlList;
   if (libarchive_recognises(source)) return SourceKind::kArchive;
+  // Text that is not a URL list is a list with a bad line (file://, ftp://, a typo): name it.
+  if (prefix.find('\0') == std::string::npos) {
+    std::optional<std::pair<size_t, std::string_view>> first_bad;
+    for_each_content_line(prefix, [&](size_t line_number, std::string_view line) {
+      if (!first_bad && !starts_with_http_scheme(line)) first_bad.emplace(line_number, line);
+    });
+    if (first_bad) {
+      throw std::runtime_error(fmt::format(
+          "source '{}' is not an archive, and as a URL list its line {} is not an http(s) URL: "
+          "'{}'; a URL list holds one http:// or https:// URL per line ('#' comments allowed)",
+          store::log_text(source.string()), first_bad->first,
+          store::log_text(first_bad->second, 120)));
+    }
+  }
   throw std::runtime_error(fmt::format(
       "source '{}' is neither a directory, an archive libarchive can read, nor a list of "
       "http(s) URLs (one per line, '#' comments allowed)",

@@ -14,6 +14,11 @@
 
 namespace dsfs::tools::detail {
 
+// Enables the archive formats ingest reads (tar in all its dialects, cpio, zip, 7-Zip, ISO 9660,
+// ar, xar, cab, lha, rar) and no others: never mtree, raw or "empty", which take any text file
+// (a mistyped URL list) for an archive of empty files.
+void enable_archive_formats(struct archive* reader);
+
 // curl_global_init, once per process (the first call's failure is rethrown by every call).
 void ensure_curl_initialised();
 
