@@ -142,7 +142,10 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
   source_options.parallelism = options.jobs;
   source_options.chunk_size = options.chunk_size;
   source_options.checksum = options.checksum;
-  source_options.follow_directory_symlinks = options.follow_directory_symlinks;
+  source_options.symlinks = options.symlinks;
+  source_options.url_stall_timeout = options.url_stall_timeout;
+  source_options.url_min_bytes_per_second = options.url_min_bytes_per_second;
+  source_options.url_file_deadline = options.url_file_deadline;
   const auto source = open_source(options.source, source_options);
 
   // The control connection idles while objects are written; if Redis dropped it meanwhile (a

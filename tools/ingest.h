@@ -23,8 +23,12 @@ struct IngestOptions {
   std::string dataset;
   LabelMode labels = LabelMode::kAuto;
   std::optional<std::filesystem::path> metadata_file;
-  // Directory sources: walk into symlinked directories as torchvision's ImageFolder does.
-  bool follow_directory_symlinks = true;
+  // Directory sources: which symlinks are followed (all: as torchvision's ImageFolder does).
+  SymlinkPolicy symlinks = SymlinkPolicy::kAll;
+  // URL lists: see SourceOptions.
+  std::chrono::milliseconds url_stall_timeout{30000};
+  uint64_t url_min_bytes_per_second = 1024;
+  std::chrono::milliseconds url_file_deadline{30 * 60 * 1000};
   unsigned jobs = 4;  // Redis connections; also reader threads / concurrent downloads
   uint64_t chunk_size = catalog::kDefaultChunkSize;
   catalog::ChecksumKind checksum = catalog::ChecksumKind::kXxh64;

@@ -10,6 +10,7 @@
 
 #include "src/catalog/keys.h"
 #include "tools/ingest.h"
+#include "tools/proxy.h"
 #include "tools/stop_signal.h"
 
 namespace dsfs::tools {
@@ -23,7 +24,21 @@ struct IngestCommandState {
   std::string checksum = "xxh64";
   std::string progress = "auto";
   bool no_follow_symlinks = false;
+  std::string symlinks = "all";
+  std::string url_timeout = "1800s";
+  std::string url_stall_timeout = "30s";
 };
+
+std::chrono::milliseconds parse_ms(std::string_view option, const std::string& text) {
+  try {
+    const auto value = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(text));
+    if (value.count() <= 0) throw std::invalid_argument("zero");
+    return value;
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument(
+        fmt::format("{} must be a positive duration such as 30s or 600s, not '{}'", option, text));
+  }
+}
 
 }  // namespace
 
@@ -45,9 +60,26 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
                   "ImageFolder); none: no labels")
       ->check(CLI::IsMember({"auto", "none"}))
       ->capture_default_str();
+  sub->add_option("--symlinks", state->symlinks,
+                  "Symlinks in a directory SRC. all: followed, as torchvision's ImageFolder "
+                  "does, with a warning for each that leads outside SRC; inside: a link "
+                  "leading outside SRC fails the ingest (nothing outside SRC is ever read); "
+                  "none: every link is skipped with a warning")
+      ->check(CLI::IsMember({"all", "inside", "none"}))
+      ->capture_default_str();
   sub->add_flag("--no-follow-symlinks", state->no_follow_symlinks,
-                "Skip symlinked directories of a directory SRC (by default they are walked "
-                "into, as torchvision's ImageFolder does)");
+                "Same as --symlinks none: skip symlinks to files and directories alike");
+  sub->add_option("--url-timeout", state->url_timeout,
+                  "URL lists: each file, all its retries together, must arrive within this")
+      ->capture_default_str();
+  sub->add_option("--url-min-rate", state->options.url_min_bytes_per_second,
+                  "URL lists: a transfer averaging less than this per second over "
+                  "--url-stall-timeout is abandoned and retried")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("1KiB");
+  sub->add_option("--url-stall-timeout", state->url_stall_timeout,
+                  "URL lists: the window --url-min-rate is averaged over")
+      ->capture_default_str();
   sub->add_option("--metadata", state->metadata,
                   "JSONL file: one object per line with a \"path\" member; its other members "
                   "become that file's metadata");
@@ -82,7 +114,10 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
     options.source = state->source;
     options.labels = parse_label_mode(state->labels);
     if (!state->metadata.empty()) options.metadata_file = state->metadata;
-    options.follow_directory_symlinks = !state->no_follow_symlinks;
+    options.symlinks =
+        state->no_follow_symlinks ? SymlinkPolicy::kNone : parse_symlink_policy(state->symlinks);
+    options.url_file_deadline = parse_ms("--url-timeout", state->url_timeout);
+    options.url_stall_timeout = parse_ms("--url-stall-timeout", state->url_stall_timeout);
     options.checksum =
         state->checksum == "none" ? catalog::ChecksumKind::kNone : catalog::ChecksumKind::kXxh64;
     options.progress = parse_progress_style(state->progress);

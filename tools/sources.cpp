@@ -141,6 +141,14 @@ bool has_archive_extension(std::string_view file_name) {
                      [&](std::string_view suffix) { return lower.ends_with(suffix); });
 }
 
+SymlinkPolicy parse_symlink_policy(std::string_view text) {
+  if (text == "all") return SymlinkPolicy::kAll;
+  if (text == "inside") return SymlinkPolicy::kInside;
+  if (text == "none") return SymlinkPolicy::kNone;
+  throw std::invalid_argument(
+      fmt::format("--symlinks must be all, inside or none, not '{}'", store::log_text(text)));
+}
+
 bool looks_like_url_list(std::string_view text) {
   if (text.find('\0') != std::string_view::npos) return false;
   bool any_url = false;

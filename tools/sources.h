@@ -71,18 +71,30 @@ struct SourceContents {
   uint64_t skipped = 0;  // special files, symlink loops, unfollowed symlinked directories
 };
 
+// Which symlinks a directory source follows. kAll is torchvision's ImageFolder (os.walk with
+// followlinks=True, and open() follows file links); a link whose target lies outside the source
+// tree is followed with a warning naming it and its target. kInside refuses such a link (the
+// ingest fails, naming it): nothing outside the tree an operator named is ever read. kNone
+// skips every symlink, to files and directories alike, with a warning.
+enum class SymlinkPolicy { kAll, kInside, kNone };
+// "all", "inside", "none"; throws std::invalid_argument otherwise.
+SymlinkPolicy parse_symlink_policy(std::string_view text);
+
 struct SourceOptions {
   unsigned parallelism = 4;  // reader threads (directory) or concurrent transfers (URLs)
-  // Directories: walk into symlinked directories, as torchvision's ImageFolder does (loops are
-  // skipped with a warning); false skips them with a warning.
-  bool follow_directory_symlinks = false;
+  // Directories: which symlinks are followed (loops are skipped with a warning).
+  SymlinkPolicy symlinks = SymlinkPolicy::kAll;
   uint64_t chunk_size = 4ull << 20;
   catalog::ChecksumKind checksum = catalog::ChecksumKind::kXxh64;
-  // URL lists: tries per URL on transient failures, and limits that keep a stalled server from
-  // hanging the ingest.
+  // URL lists: tries per URL on transient failures, and limits that keep a stalled or trickling
+  // server from hanging the ingest: a transfer averaging under url_min_bytes_per_second over
+  // url_stall_timeout is abandoned (and retried), and each file, all its tries together, must
+  // be fetched within url_file_deadline.
   unsigned url_attempts = 4;
   std::chrono::milliseconds url_connect_timeout{10000};
   std::chrono::milliseconds url_stall_timeout{30000};
+  uint64_t url_min_bytes_per_second = 1024;
+  std::chrono::milliseconds url_file_deadline{30 * 60 * 1000};
   std::chrono::milliseconds url_retry_backoff{250};
 };
 

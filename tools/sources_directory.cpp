@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "src/catalog/names.h"
+#include "src/store/log_text.h"
 #include "tools/sources.h"
 #include "tools/sources_internal.h"
 
@@ -59,6 +60,9 @@ class DirectorySource final : public Source {
         options_(options) {
     // lexically_normal keeps a trailing '/' for "dir/"; the walk joins with '/' itself.
     while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+    std::error_code error;
+    real_root_ = std::filesystem::weakly_canonical(root_, error).string();
+    if (error) real_root_ = root_;
   }
 
   SourceContents read(SourceSink& sink) override {
@@ -139,16 +143,17 @@ class DirectorySource final : public Source {
       }
       struct stat st = child.st;
       if (S_ISLNK(st.st_mode)) {
+        if (options_.symlinks == SymlinkPolicy::kNone) {
+          spdlog::warn("skipping '{}': symlink (--symlinks none)", store::log_text(path));
+          ++contents.skipped;
+          continue;
+        }
         if (::stat(path.c_str(), &st) != 0) {
           spdlog::warn("skipping '{}': dangling symlink ({})", path, std::strerror(errno));
           ++contents.skipped;
           continue;
         }
-        if (S_ISDIR(st.st_mode) && !options_.follow_directory_symlinks) {
-          spdlog::warn("skipping '{}': symlink to a directory (not followed)", path);
-          ++contents.skipped;
-          continue;
-        }
+        check_link_target(path);
         if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
           spdlog::warn("skipping '{}': symlink to a {}", path, file_type_name(st.st_mode));
           ++contents.skipped;
@@ -181,6 +186,28 @@ class DirectorySource final : public Source {
         ++contents.skipped;
       }
     }
+  }
+
+  // A link that leads outside the source tree is followed with a warning naming it, or refused
+  // (--symlinks inside): the ingest would otherwise publish any file the user can read.
+  void check_link_target(const std::string& link) const {
+    std::error_code error;
+    const std::string target = std::filesystem::canonical(link, error).string();
+    if (error) throw errno_error("cannot resolve symlink", link, error.value());
+    const bool inside = target == real_root_ ||
+                        (target.starts_with(real_root_) && target[real_root_.size()] == '/') ||
+                        real_root_ == "/";
+    if (inside) return;
+    if (options_.symlinks == SymlinkPolicy::kInside) {
+      throw std::runtime_error(fmt::format(
+          "'{}' is a symlink to '{}', outside the source tree; --symlinks inside forbids that "
+          "(remove the link, or pass --symlinks all to follow it)",
+          store::log_text(link), store::log_text(target)));
+    }
+    spdlog::warn(
+        "'{}' is a symlink to '{}', outside the source tree; following it "
+        "(--symlinks inside refuses such links, --symlinks none skips all links)",
+        store::log_text(link), store::log_text(target));
   }
 
   void read_file(FileRecord& file, std::string& block, SourceSink& sink) const {
@@ -216,6 +243,7 @@ class DirectorySource final : public Source {
   }
 
   std::string root_;
+  std::string real_root_;  // root_ with every symlink resolved, to tell where links lead
   SourceOptions options_;
 };
 

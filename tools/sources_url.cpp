@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "src/store/log_text.h"
 #include "tools/sources.h"
 #include "tools/sources_internal.h"
 
@@ -111,7 +112,10 @@ class UrlListSource final : public Source {
     Transfer transfer{&stream, &sink, &stop, nullptr};
     char error_text[CURL_ERROR_SIZE];
     const unsigned attempts = std::max(options_.url_attempts, 1u);
+    const auto deadline = Clock::now() + options_.url_file_deadline;
     for (unsigned attempt = 1;; ++attempt) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       error_text[0] = '\0';
       transfer.error = nullptr;
       curl_easy_reset(handle);
@@ -127,10 +131,14 @@ class UrlListSource final : public Source {
       curl_easy_setopt(handle, CURLOPT_ERRORBUFFER, error_text);
       curl_easy_setopt(handle, CURLOPT_CONNECTTIMEOUT_MS,
                        static_cast<long>(options_.url_connect_timeout.count()));
-      // A transfer slower than 1 byte/s for the stall timeout is abandoned (and retried).
-      curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT, 1L);
+      // A transfer averaging under the minimum rate over the stall timeout is abandoned (and
+      // retried); a server that trickles a byte a second must not hold the ingest forever.
+      curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT,
+                       static_cast<long>(std::max<uint64_t>(options_.url_min_bytes_per_second, 1)));
       curl_easy_setopt(handle, CURLOPT_LOW_SPEED_TIME,
                        std::max(1L, static_cast<long>(options_.url_stall_timeout.count() / 1000)));
+      // Whatever the rate, the file's tries together end by its deadline.
+      curl_easy_setopt(handle, CURLOPT_TIMEOUT_MS, std::max(1L, static_cast<long>(left.count())));
       curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, &on_body);
       curl_easy_setopt(handle, CURLOPT_WRITEDATA, &transfer);
       curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
@@ -158,10 +166,14 @@ class UrlListSource final : public Source {
                                      ? fmt::format("HTTP {}", http_status)
                                      : fmt::format("{}{}{}", curl_easy_strerror(code),
                                                    error_text[0] ? ": " : "", error_text);
-      if (!is_transient(code, http_status) || attempt >= attempts) {
-        throw std::runtime_error(fmt::format("cannot fetch '{}' (line {}): {} (after {} {})",
-                                             entry.url, entry.line, reason, attempt,
-                                             attempt == 1 ? "attempt" : "attempts"));
+      const bool deadline_passed = Clock::now() >= deadline;
+      if (!is_transient(code, http_status) || attempt >= attempts || deadline_passed) {
+        throw std::runtime_error(fmt::format(
+            "cannot fetch '{}' (line {}): {} (after {} {}{})", store::log_text(entry.url),
+            entry.line, reason, attempt, attempt == 1 ? "attempt" : "attempts",
+            deadline_passed ? fmt::format("; its deadline of {} s (--url-timeout) passed",
+                                          options_.url_file_deadline.count() / 1000.0)
+                            : ""));
       }
       const auto backoff = options_.url_retry_backoff * (1u << std::min(attempt - 1, 6u));
       spdlog::warn("fetching '{}' failed ({}); retrying in {} ms", entry.url, reason,

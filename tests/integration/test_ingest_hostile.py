@@ -8,7 +8,10 @@ import os
 import shutil
 import subprocess
 import tarfile
+import threading
+import time
 import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from harness import DsfsTestCase
 
@@ -108,6 +111,105 @@ class HostileIngestTest(DsfsTestCase):
         # Only non-http lines: still a list with bad lines, never an (mtree) archive.
         self.assert_refused(self.write("only.txt", b"file:///etc/passwd\n"), "line 1")
         self.assertNotIn("only", self.dsfs("list").stdout)
+
+
+class SymlinkIngestTest(DsfsTestCase):
+    """A link in a directory source that leads outside it is followed with a warning naming it
+    (ImageFolder parity), refused with --symlinks inside, and skipped, like every link, with
+    --symlinks none or --no-follow-symlinks (which used to follow file links)."""
+
+    def setUp(self):
+        super().setUp()
+        self.src = os.path.join(self.tmp, "src")
+        os.makedirs(os.path.join(self.src, "cls"))
+        with open(os.path.join(self.src, "cls", "a.jpg"), "wb") as f:
+            f.write(b"inside")
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(outside)
+        self.secret = os.path.join(outside, "secret.txt")
+        with open(self.secret, "wb") as f:
+            f.write(b"not for the dataset")
+        os.symlink(self.secret, os.path.join(self.src, "cls", "escape.jpg"))
+        os.symlink("a.jpg", os.path.join(self.src, "cls", "inner.jpg"))
+
+    def file_count(self, name):
+        return json.loads(self.dsfs("info", name, "--json").stdout)["file_count"]
+
+    def test_an_escaping_link_is_followed_with_a_warning_by_default(self):
+        res = self.dsfs("ingest", self.src, "--dataset", "all")
+        self.assertIn("escape.jpg", res.stderr)
+        self.assertIn("outside the source tree", res.stderr)
+        self.assertEqual(self.file_count("all"), 3)
+
+    def test_symlinks_inside_refuses_an_escaping_link(self):
+        res = self.dsfs("ingest", self.src, "--dataset", "inside", "--symlinks", "inside",
+                        check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("escape.jpg", res.stderr)
+        self.assertIn("--symlinks inside", res.stderr)
+        self.assertNotIn("inside", self.dsfs("list").stdout)
+        os.remove(os.path.join(self.src, "cls", "escape.jpg"))
+        self.dsfs("ingest", self.src, "--dataset", "inside", "--symlinks", "inside")
+        self.assertEqual(self.file_count("inside"), 2)  # a link inside the tree is fine
+
+    def test_no_follow_skips_file_links_too(self):
+        for flags, name in ((["--symlinks", "none"], "none"), (["--no-follow-symlinks"], "nf")):
+            with self.subTest(flags=flags):
+                self.dsfs("ingest", self.src, "--dataset", name, *flags)
+                self.assertEqual(self.file_count(name), 1)
+
+
+class TricklingHandler(BaseHTTPRequestHandler):
+    """Announces 200 bytes, then sends one every 0.3 s (a server that never quite stalls)."""
+    stop = threading.Event()
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "200")
+        self.end_headers()
+        try:
+            for _ in range(200):
+                if self.stop.wait(0.3):
+                    return
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except OSError:
+            pass  # the client gave up
+
+    def log_message(self, *args):
+        pass
+
+
+class UrlDeadlineTest(DsfsTestCase):
+
+    def setUp(self):
+        super().setUp()
+        TricklingHandler.stop.clear()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), TricklingHandler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def tearDown(self):
+        TricklingHandler.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+        super().tearDown()
+
+    def test_a_trickling_server_fails_the_ingest_by_its_deadline(self):
+        url = f"http://127.0.0.1:{self.server.server_port}/slow.jpg"
+        listing = os.path.join(self.tmp, "urls.txt")
+        with open(listing, "w") as f:
+            f.write(url + "\n")
+        started = time.monotonic()
+        res = self.dsfs("ingest", listing, "--dataset", "slow", "--url-min-rate", "1KiB",
+                        "--url-stall-timeout", "1s", "--url-timeout", "4s", check=False,
+                        timeout=120)
+        elapsed = time.monotonic() - started
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn(url, res.stderr)
+        self.assertLess(elapsed, 60, "hang guard: the deadline did not end the ingest")
+        self.assertGreaterEqual(elapsed, 1.0)  # at least one stall window was waited
+        self.assertNotIn("slow", self.dsfs("list").stdout)
 
 
 if __name__ == "__main__":

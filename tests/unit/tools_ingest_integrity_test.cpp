@@ -117,7 +117,7 @@ TEST(ImageFolderParity, SymlinkedClassDirectoriesAreFollowedAndLoopsSkipped) {
   fs::create_directory_symlink("..", root / "b_real" / "loop");  // back to the root
 
   SourceOptions options;
-  options.follow_directory_symlinks = true;
+  options.symlinks = SymlinkPolicy::kAll;
   RecordingSink sink;
   const SourceContents contents = make_directory_source(root, options)->read(sink);
   std::vector<std::string> paths;
@@ -132,7 +132,7 @@ TEST(ImageFolderParity, SymlinkedClassDirectoriesAreFollowedAndLoopsSkipped) {
 }
 
 TEST(ImageFolderParity, IngestFollowsSymlinkedDirectoriesByDefault) {
-  EXPECT_TRUE(IngestOptions{}.follow_directory_symlinks);
+  EXPECT_EQ(IngestOptions{}.symlinks, SymlinkPolicy::kAll);
 }
 
 // ---- Archives ----------------------------------------------------------------------------------
