@@ -212,6 +212,10 @@ DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std:
   }
   const auto flat = string_elements(reply, fmt::format("HGETALL {}", keys.info(name)));
   if (flat.empty()) throw_not_found(conn, keys, name);
+  return parse_info(name, flat);
+}
+
+DatasetInfo parse_info(const std::string& name, const std::vector<std::string>& flat) {
   if (flat.size() % 2 != 0) throw_corrupt_info(name, "odd HGETALL reply");
   std::map<std::string, std::string, std::less<>> fields;
   for (size_t i = 0; i + 1 < flat.size(); i += 2) fields[flat[i]] = flat[i + 1];

@@ -73,6 +73,10 @@ DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std:
 
 // Fetches and decodes the manifest of info.generation. Throws ManifestError if chunks are
 // missing, the length or xxh64 disagree with info, or decoding fails.
+// The info hash of `name` from its HGETALL reply (field, value, field, value...): what read_info
+// does once the reply is in. Throws DatasetDamaged, or std::runtime_error for a newer schema.
+DatasetInfo parse_info(const std::string& name, const std::vector<std::string>& flat_fields);
+
 std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySchema& keys,
                                             const DatasetInfo& info);
 

@@ -246,74 +246,6 @@ void Connection::fail_io(std::string_view what, int error) {
   throw ConnectionError(fmt::format("{} on Redis at {}: {}", what, endpoint_.describe(), reason));
 }
 
-// Reads RESP replies from a socket: reply lines through a small staging buffer, bulk payloads
-// straight into their destination (after the few bytes that arrived with the line).
-class ReplyReader {
- public:
-  explicit ReplyReader(int fd) : fd_(fd) {}
-
-  // The next line, without its "\r\n". Returns false with `error` set (errno, 0 for EOF) on
-  // failure, or with error = -1 for a line longer than the staging buffer.
-  bool line(std::string_view& out, int& error) {
-    for (;;) {
-      const char* begin = staging_ + pos_;
-      const size_t available = len_ - pos_;
-      const void* cr = available >= 2 ? memmem(begin, available, "\r\n", 2) : nullptr;
-      if (cr) {
-        const size_t length = static_cast<size_t>(static_cast<const char*>(cr) - begin);
-        out = std::string_view(begin, length);
-        pos_ += length + 2;
-        return true;
-      }
-      if (pos_ > 0) {
-        std::memmove(staging_, begin, available);
-        len_ = available;
-        pos_ = 0;
-      }
-      if (len_ == sizeof(staging_)) {
-        error = -1;
-        return false;
-      }
-      if (!receive(staging_ + len_, sizeof(staging_) - len_, len_, error)) return false;
-    }
-  }
-
-  // Exactly n bytes into dest.
-  bool read_exact(char* dest, size_t n, int& error) {
-    const size_t from_staging = std::min(n, len_ - pos_);
-    std::memcpy(dest, staging_ + pos_, from_staging);
-    pos_ += from_staging;
-    size_t got = from_staging;
-    while (got < n) {
-      // MSG_WAITALL: one wake-up for the whole value rather than one per burst Redis writes.
-      if (!receive(dest + got, n - got, got, error, MSG_WAITALL)) return false;
-    }
-    return true;
-  }
-
-  bool drained() const { return pos_ == len_; }
-
- private:
-  // One recv into [to, to + room), adding what arrived to `count`.
-  bool receive(char* to, size_t room, size_t& count, int& error, int flags = 0) {
-    for (;;) {
-      const ssize_t n = ::recv(fd_, to, room, flags);
-      if (n > 0) {
-        count += static_cast<size_t>(n);
-        return true;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      error = n == 0 ? 0 : errno;
-      return false;
-    }
-  }
-
-  int fd_;
-  char staging_[4096];
-  size_t pos_ = 0;
-  size_t len_ = 0;
-};
-
 namespace {
 
 void append_get(std::string& out, std::string_view key) {
@@ -352,45 +284,18 @@ std::vector<ValueReply> Connection::get_values(std::span<const std::string> keys
 }
 
 void Connection::read_value(ReplyReader& reader, ValueReply& reply) {
-  int error = 0;
-  std::string_view header;
-  if (!reader.line(header, error)) {
-    if (error < 0) fail_io("reply line too long for GET", EPROTO);
-    fail_io("cannot read a GET reply", error);
+  const std::optional<GetReplyFailure> failure = read_get_reply(reader, reply);
+  if (!failure) return;
+  switch (failure->kind) {
+    case GetReplyFailure::Kind::kIo:
+      fail_io("cannot read a GET reply", failure->error);
+    case GetReplyFailure::Kind::kLineTooLong:
+      fail_io("reply line too long for GET", EPROTO);
+    case GetReplyFailure::Kind::kMalformed:
+      break;
   }
-  if (header.starts_with('-')) {
-    reply.kind = ValueReply::Kind::kError;
-    reply.error = std::string(header.substr(1));
-    return;
-  }
-  long long length = -2;
-  if (header.starts_with('$')) {
-    const auto [end, ec] =
-        std::from_chars(header.data() + 1, header.data() + header.size(), length);
-    if (ec != std::errc() || end != header.data() + header.size()) length = -2;
-  }
-  if (length == -1) {
-    reply.kind = ValueReply::Kind::kNil;
-    return;
-  }
-  if (length < 0) {
-    broken_ = true;
-    throw ConnectionError(fmt::format("unexpected reply to GET from Redis at {}: '{}'",
-                                      endpoint_.describe(), header.substr(0, 64)));
-  }
-  reply.kind = ValueReply::Kind::kValue;
-  reply.size = static_cast<size_t>(length);
-  // Uninitialized on purpose: every byte is about to be overwritten from the socket.
-  reply.bytes.reset(new char[reply.size + 2]);
-  if (!reader.read_exact(reply.bytes.get(), reply.size + 2, error)) {
-    fail_io("cannot read a GET reply", error);
-  }
-  if (reply.bytes[reply.size] != '\r' || reply.bytes[reply.size + 1] != '\n') {
-    broken_ = true;
-    throw ConnectionError(
-        fmt::format("malformed GET reply from Redis at {} (no CRLF after {} bytes)",
-                    endpoint_.describe(), reply.size));
-  }
+  broken_ = true;
+  throw ConnectionError(fmt::format("{} from Redis at {}", failure->detail, endpoint_.describe()));
 }
 
 void Connection::send_all(std::string_view bytes) {

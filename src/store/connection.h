@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/store/get_reply.h"
 #include "src/store/redis_url.h"
 
 struct redisContext;
@@ -16,7 +17,6 @@ struct redisReply;
 
 namespace dsfs::store {
 
-class ReplyReader;
 class GetStream;
 
 // Owns one redisReply tree (freed on destruction). Movable, not copyable.
@@ -47,15 +47,6 @@ class Reply {
 
  private:
   redisReply* raw_ = nullptr;
-};
-
-// One GET reply read by Connection::get_values.
-struct ValueReply {
-  enum class Kind : uint8_t { kValue, kNil, kError };
-  Kind kind = Kind::kNil;
-  std::unique_ptr<char[]> bytes;  // kValue: `size` bytes, no terminator
-  size_t size = 0;
-  std::string error;  // kError: Redis's message
 };
 
 struct ConnectOptions {

@@ -8,6 +8,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "src/store/log_text.h"
+
 namespace dsfs::store {
 namespace {
 
@@ -205,16 +207,17 @@ void parse_unix(std::string_view url, std::string_view rest, RedisEndpoint& endp
 }  // namespace
 
 std::string RedisEndpoint::describe() const {
+  // For logs and errors: the password masked, the rest escaped (it is user-supplied).
   std::string credentials;
-  if (!password.empty()) credentials = fmt::format("{}:***@", user);
+  if (!password.empty()) credentials = fmt::format("{}:***@", log_text(user, 64));
   if (transport == Transport::kUnix) {
-    std::string text = fmt::format("unix://{}{}", credentials, socket_path);
+    std::string text = fmt::format("unix://{}{}", credentials, log_text(socket_path));
     if (db != 0) text += fmt::format("?db={}", db);
     return text;
   }
   const bool ipv6 = host.find(':') != std::string::npos;
-  std::string text = ipv6 ? fmt::format("redis://{}[{}]:{}", credentials, host, port)
-                          : fmt::format("redis://{}{}:{}", credentials, host, port);
+  std::string text = ipv6 ? fmt::format("redis://{}[{}]:{}", credentials, log_text(host), port)
+                          : fmt::format("redis://{}{}:{}", credentials, log_text(host), port);
   if (db != 0) text += fmt::format("/{}", db);
   return text;
 }

@@ -1,0 +1,66 @@
+// MOUNT/.dsfs/plan: any bytes, in writes split where the input says (as FUSE delivers them),
+// resolved against a small catalogue. Never a crash, and the plan's size is what was written.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "prefetch/engine.h"
+#include "prefetch/object_cache.h"
+#include "prefetch/object_fetcher.h"
+#include "src/catalog/catalog.h"
+#include "src/catalog/keys.h"
+#include "src/store/pool.h"
+
+namespace {
+
+using namespace dsfs;
+
+struct Fixture {
+  Fixture() {
+    spdlog::set_level(spdlog::level::off);
+    catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1 << 20);
+    builder.add_file("a/f0.bin", 100, 0, 0644, 1, catalog::kNoLabel, 0, "");
+    builder.add_file("a/b/f1.bin", 100, 0, 0644, 2, catalog::kNoLabel, 0, "");
+    builder.add_file("f2.bin", 100, 0, 0644, 3, catalog::kNoLabel, 0, "");
+    prefetch::DatasetSnapshot d;
+    d.info.name = "ds";
+    d.info.generation = 1;
+    d.info.chunk_size = 1 << 20;
+    d.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
+    datasets.push_back(std::move(d));
+    // Never started and never connected: plan_write only parses and resolves.
+    engine = std::make_unique<prefetch::PrefetchEngine>(
+        cache, fetcher, datasets, endpoint, false,
+        prefetch::EngineOptions{.mode = prefetch::PrefetchMode::kPlan, .connections = 1});
+  }
+  store::RedisEndpoint endpoint = store::parse_redis_url("unix:///nonexistent/dsfs-fuzz.sock");
+  std::vector<prefetch::DatasetSnapshot> datasets;
+  store::ConnectionPool pool{endpoint, 1};
+  prefetch::ObjectFetcher fetcher{pool, catalog::KeySchema("dsfs"), prefetch::FetcherOptions{}};
+  prefetch::ObjectCache cache{1 << 20};
+  std::unique_ptr<prefetch::PrefetchEngine> engine;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Fixture fixture;
+  auto& engine = *fixture.engine;
+  if (size == 0) return 0;
+  const size_t piece = 1 + data[0] % 64;
+  std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (engine.plan_truncate(0) != 0) __builtin_trap();
+  while (!rest.empty()) {
+    const std::string_view write = rest.substr(0, piece);
+    if (engine.plan_write(engine.plan_size(), write) != 0) __builtin_trap();
+    rest.remove_prefix(write.size());
+  }
+  if (engine.plan_size() != size - 1) __builtin_trap();
+  (void)engine.stats();
+  return 0;
+}
