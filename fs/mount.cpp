@@ -181,6 +181,11 @@ void GenerationLeases::start_refreshing() {
   refresher_ = std::jthread([this](std::stop_token stop) { refresh_loop(std::move(stop)); });
 }
 
+uint64_t GenerationLeases::refresh_failures() const {
+  std::lock_guard lock(mutex_);
+  return refresh_failures_;
+}
+
 uint64_t GenerationLeases::refreshes() const {
   std::lock_guard lock(mutex_);
   return refreshes_;
@@ -257,6 +262,10 @@ void GenerationLeases::refresh_loop(std::stop_token stop) {
       conn_.reset();
       wait = std::min(interval, kLeaseFirstRetry * (1u << std::min(failures, 10u)));
       ++failures;
+      {
+        std::lock_guard lock(mutex_);
+        ++refresh_failures_;
+      }
       spdlog::warn("cannot refresh this mount's leases on its generations ({}); retrying in {} s",
                    e.what(), seconds(wait));
     }

@@ -80,6 +80,8 @@ class GenerationLeases {
   const std::string& reader_id() const { return reader_id_; }
   // Refresh rounds completed (every lease renewed), for tests.
   uint64_t refreshes() const;
+  // Refresh rounds that failed (Redis away), for tests.
+  uint64_t refresh_failures() const;
 
  private:
   struct Lease {
@@ -95,10 +97,11 @@ class GenerationLeases {
   catalog::KeySchema keys_;
   std::chrono::milliseconds ttl_;
   std::string reader_id_;
-  mutable std::mutex mutex_;  // guards leases_, refreshes_
+  mutable std::mutex mutex_;  // guards leases_, refreshes_, refresh_failures_
   std::condition_variable_any wake_;
   std::vector<Lease> leases_;
   uint64_t refreshes_ = 0;
+  uint64_t refresh_failures_ = 0;
   std::optional<store::Connection> conn_;  // the refresher's, then release()'s
   std::jthread refresher_;
   bool released_ = false;

@@ -13,6 +13,8 @@ DSFS = os.environ.get("DSFS_BIN") or os.path.abspath(
 
 
 def free_port():
+    """A loopback port nothing listens on right now (another process may take it before the
+    caller binds it: RedisServer.start retries with a fresh one when that happens)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -20,13 +22,16 @@ def free_port():
 
 class RedisServer:
     """A throwaway redis-server on 127.0.0.1:port with its own data dir. stop()/start() keep
-    the port and the data (AOF), so a test can take Redis away and bring it back."""
+    the port and the data (AOF), so a test can take Redis away and bring it back. Ready means
+    it answered PING; a server that died is noticed (start() says why, check_alive() after)."""
+
+    START_ATTEMPTS = 5
+    READY_SECONDS = 10
 
     def __init__(self, workdir, password=None):
-        self.port = free_port()
+        self.workdir = workdir
         self.password = password
-        self.dir = os.path.join(workdir, f"redis-{self.port}")
-        os.makedirs(self.dir, exist_ok=True)
+        self.port = None
         self.proc = None
 
     @property
@@ -34,21 +39,72 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self):
+        return os.path.join(self.dir, "redis.log")
+
+    def log_tail(self, lines=20):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no redis.log)"
+
     def start(self):
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", self.dir, "--appendonly", "yes", "--save", "",
-                "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")]
-        if self.password:
-            args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+        """Starts redis-server, on a fresh port the first time (retrying with another when the
+        port was taken in the meantime) and on the same port and data after stop()."""
+        keep_port = self.port is not None
+        for _ in range(1 if keep_port else self.START_ATTEMPTS):
+            if not keep_port:
+                self.port = free_port()
+                self.dir = os.path.join(self.workdir, f"redis-{self.port}")
+                os.makedirs(self.dir, exist_ok=True)
+            args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                    "--dir", self.dir, "--appendonly", "yes", "--save", "",
+                    "--daemonize", "no", "--logfile", self.log_path]
+            if self.password:
+                args += ["--requirepass", self.password]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + self.READY_SECONDS
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if self.ping():
                     return self
-            except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+            if self.proc.poll() is None:  # alive but not answering: give up on it
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} did not answer PING "
+                                   f"within {self.READY_SECONDS} s:\n{self.log_tail()}")
+            log = self.log_tail()
+            self.proc = None
+            if "Address already in use" not in log or keep_port:
+                raise RuntimeError(f"redis-server on port {self.port} exited at start:\n{log}")
+        raise RuntimeError(f"redis-server found no free port in {self.START_ATTEMPTS} tries")
+
+    def ping(self):
+        """True when the server answers PING (after AUTH when it has a password)."""
+        request = b"*1\r\n$4\r\nPING\r\n"
+        if self.password:
+            word = self.password.encode()
+            request = b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(word), word) + request
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(request)
+                reply = b""
+                while b"PONG" not in reply and not reply.startswith(b"-"):
+                    chunk = s.recv(256)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return b"+PONG" in reply
+        except OSError:
+            return False
+
+    def check_alive(self):
+        """Raises, with the end of its log, if the server died while it should be running."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"redis-server on port {self.port} died during the test "
+                                 f"(exit {self.proc.returncode}):\n{self.log_tail()}")
 
     def cli(self, *args):
         cmd = ["redis-cli", "-p", str(self.port)]
@@ -72,6 +128,41 @@ def run(args, check=True, env=None, timeout=600, **kw):
         raise AssertionError(f"command failed ({res.returncode}): {' '.join(map(str, args))}\n"
                              f"stdout:\n{res.stdout}\nstderr:\n{res.stderr}")
     return res
+
+
+def wait_for(condition, timeout, what):
+    """Polls condition() until it is true; fails naming `what` after `timeout` seconds. The way
+    tests synchronize: on a condition with a deadline, never on a sleep."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _status_mask(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def signal_handled(pid, signum):
+    """True once process pid has a handler installed for signum (SigCgt)."""
+    return bool(_status_mask(pid, "SigCgt") & (1 << (signum - 1)))
+
+
+def signal_delivered(pid, signum):
+    """True once signum sent to pid is no longer pending (its handler has run)."""
+    bit = 1 << (signum - 1)
+    return not (_status_mask(pid, "SigPnd") & bit or _status_mask(pid, "ShdPnd") & bit)
+
+
+def chars_read(pid):
+    """Bytes process pid has read through read(2) and the like (/proc/PID/io rchar)."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
 def is_mounted(path):
@@ -128,8 +219,11 @@ class DsfsTestCase(unittest.TestCase):
                 subprocess.run([DSFS, "umount", mnt], capture_output=True)
             if is_mounted(mnt):
                 subprocess.run(["umount", "-l", mnt], capture_output=True)
-        self.redis.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.redis.check_alive()
+        finally:
+            self.redis.stop()
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def dsfs(self, *args, check=True, redis=True, **kw):
         cmd = [DSFS] + [str(a) for a in args]

@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from harness import DSFS, DsfsTestCase, RedisServer, is_mounted, run
+from harness import DSFS, DsfsTestCase, free_port, is_mounted, run
 
 SOURCE = None  # module-wide source tree: synth output plus awkward files
 
@@ -125,12 +125,25 @@ class IngestMountTest(DsfsTestCase):
                 self.assertIn("user.dsfs.label", os.listxattr(path))
         with open(os.path.join(meta, "info.json")) as f:
             info = json.load(f)
-        self.assertEqual(json.dumps(info).count("imgs") >= 1, True)
-        flat = json.dumps(info)
-        self.assertIn(str(len(src_files)), flat)
+        source_bytes = sum(os.path.getsize(p) for p in src_files.values())
+        self.assertEqual(info["name"], "imgs")
+        self.assertEqual(info["namespace"], "dsfs")
+        self.assertEqual(info["files"], len(src_files))
+        self.assertEqual(info["bytes"], source_bytes)
+        self.assertEqual(info["classes"], len(classes))
+        self.assertEqual(info["generation"], 1)
+        self.assertEqual(info["source"], os.path.realpath(SOURCE))
+        self.assertEqual(info["checksum"], "xxh64")
         with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
             stats = json.load(f)
-        self.assertIsInstance(stats, dict)
+        self.assertEqual(stats["namespace"], "dsfs")
+        self.assertEqual(stats["redis"], self.redis.url)
+        self.assertEqual(stats["datasets"]["imgs"]["files"], len(src_files))
+        self.assertEqual(stats["datasets"]["imgs"]["bytes"], source_bytes)
+        self.assertEqual(stats["datasets"]["imgs"]["generation"], 1)
+        self.assertEqual(stats["errors"]["missing_objects"], 0)
+        self.assertEqual(stats["errors"]["checksum_mismatches"], 0)
+        self.assertGreaterEqual(stats["requests_total"], stats["requests"]["lookup"])
 
     def test_writes_are_refused(self):
         target = os.path.join(self.ds, "class_0000", "big.bin")
@@ -237,13 +250,27 @@ class IngestMountTest(DsfsTestCase):
         self.assertEqual(sorted(self.redis.cli("SMEMBERS", "dsfs:{imgs}:gens").split()),
                          sorted([str(gen + 2), str(gen + 3)]))
 
+    def lease_expiry_ms(self):
+        """The latest expiry (server ms) of any lease on imgs; 0 when there is none."""
+        scores = self.redis.cli("ZRANGE", "dsfs:{imgs}:readers", "0", "-1", "WITHSCORES").split()
+        return max((float(x) for x in scores[1::2]), default=0)
+
+    def redis_time_ms(self):
+        seconds, micros = self.redis.cli("TIME").split()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def test_killed_mount_pins_only_until_its_lease_expires(self):
         self.umount(self.mnt)
         mnt = self.mount("--lease-ttl", "1s", name="short")
         gen = int(self.redis.cli("HGET", "dsfs:{imgs}:info", "generation").strip())
         scan = ("--scan", "--pattern", f"dsfs:imgs:{gen}:o:*")
-        # Outliving its ttl twice over, the lease is kept alive by the daemon's refresher.
-        time.sleep(2.5)
+        # Outliving its ttl twice over, the lease is kept alive by the daemon's refresher: wait
+        # (with a deadline) until Redis holds an expiry renewed past the first one plus 2 ttls.
+        first_expiry = self.lease_expiry_ms()
+        deadline = time.monotonic() + 30
+        while self.lease_expiry_ms() < first_expiry + 2000:
+            self.assertLess(time.monotonic(), deadline, "the lease was not refreshed")
+            time.sleep(0.05)
         for _ in range(2):
             self.dsfs("ingest", os.path.join(SOURCE, "class_0002"), "--dataset", "imgs")
         self.assertNotEqual(self.redis.cli(*scan).split(), [])
@@ -251,7 +278,11 @@ class IngestMountTest(DsfsTestCase):
         # A daemon killed without unmounting stops refreshing: after the ttl, GC may collect.
         pid = int(run(["pgrep", "-f", f"dsfs mount {mnt}"]).stdout.split()[0])
         os.kill(pid, signal.SIGKILL)
-        time.sleep(1.5)
+        # Wait until its lease has expired by the Redis server's clock (what GC goes by).
+        deadline = time.monotonic() + 30
+        while self.lease_expiry_ms() >= self.redis_time_ms():
+            self.assertLess(time.monotonic(), deadline, "the lease never expired")
+            time.sleep(0.05)
         self.dsfs("ingest", os.path.join(SOURCE, "class_0001"), "--dataset", "imgs")
         self.assertEqual(self.redis.cli(*scan).split(), [])
         self.assertEqual(self.redis.cli("EXISTS", "dsfs:{imgs}:readers").strip(), "0")
@@ -278,12 +309,12 @@ class CommandErrorsTest(DsfsTestCase):
 
     def test_unreachable_redis(self):
         os.makedirs(os.path.join(self.tmp, "m"))
-        dead = RedisServer(self.tmp)  # never started: nothing listens on its port
+        dead_port = free_port()  # nothing listens there
         start = time.monotonic()
-        res = run([DSFS, "mount", os.path.join(self.tmp, "m"), "--redis", dead.url],
-                  check=False, env=self.env, timeout=120)
+        res = run([DSFS, "mount", os.path.join(self.tmp, "m"), "--redis",
+                   f"redis://127.0.0.1:{dead_port}"], check=False, env=self.env, timeout=120)
         self.assertNotEqual(res.returncode, 0)
-        self.assertIn(str(dead.port), res.stderr)
+        self.assertIn(str(dead_port), res.stderr)
         self.assertLess(time.monotonic() - start, 60)
         self.assertFalse(is_mounted(os.path.join(self.tmp, "m")))
 

@@ -7,7 +7,7 @@ import threading
 import time
 import unittest
 
-from harness import DSFS, DsfsTestCase
+from harness import DSFS, DsfsTestCase, signal_delivered, wait_for
 
 
 class StallingHandler(http.server.BaseHTTPRequestHandler):
@@ -47,7 +47,8 @@ class IngestSignalTest(DsfsTestCase):
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             self.assertTrue(StallingHandler.requested.wait(30), "ingest never fetched a URL")
             proc.send_signal(signum)
-            time.sleep(0.2)
+            # Released only once the signal has reached the ingest (its handler has run).
+            wait_for(lambda: signal_delivered(proc.pid, signum), 30, "the signal to arrive")
             StallingHandler.release.set()
             _, err = proc.communicate(timeout=60)
         finally:

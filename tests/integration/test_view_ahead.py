@@ -58,19 +58,6 @@ class ViewAheadTest(DsfsTestCase):
                 self.fail(f"{what}: not after {timeout} s; views stats: {stats['views']}")
             time.sleep(0.05)
 
-    def wait_until_settled(self, mnt):
-        """Waits until rendering ahead has nothing more it can do: its counters stay the same
-        for a second (it waits for room, or has rendered everything offered)."""
-        last = None
-        while True:
-            views = self.stats(mnt)["views"]
-            now = (views["ahead"]["rendered"], views["ahead"]["already"],
-                   views["ahead"]["errors"], views["cache"]["bytes"])
-            if now == last:
-                return views
-            last = now
-            time.sleep(1)
-
     def view_path(self, mnt, rel):
         return os.path.join(mnt, ".views", SPEC, "va", rel + ".npy")
 
@@ -145,7 +132,13 @@ class ViewAheadTest(DsfsTestCase):
         self.write_plan(mnt, order)
         self.wait_for(mnt, f"{fits} views rendered ahead",
                       lambda s: s["views"]["ahead"]["rendered"] >= fits)
-        views = self.wait_until_settled(mnt)
+        # Settled: the cache is full of rendered views, no render holds a reservation, and the
+        # rest wait in the queue for room (nothing frees any until a reader finishes a file).
+        views = self.wait_for(
+            mnt, "the view cache full and the rest queued",
+            lambda s: (s["views"]["cache"]["entries"] == fits
+                       and s["views"]["cache"]["reserved_bytes"] == 0
+                       and s["views"]["ahead"]["queued"] > 0))["views"]
         cache = views["cache"]
         self.assertLessEqual(cache["bytes"] + cache["reserved_bytes"], capacity, cache)
         self.assertEqual(cache["entries"], fits, cache)

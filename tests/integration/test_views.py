@@ -96,8 +96,11 @@ class ViewsThroughTheMount(unittest.TestCase):
         cls.mnt = os.path.join(cls.tmp, "mnt")
         cls.log = os.path.join(cls.tmp, "mount.log")
         os.makedirs(cls.mnt)
+        # No rendering ahead (test_view_ahead.py covers it): these tests read global counters
+        # (rendered, render errors) that render-ahead threads would otherwise move under them.
         run([DSFS, "mount", cls.mnt, "--redis", cls.redis.url, "--view-backend", "cpu",
-             "--log-file", cls.log, "--view-cache-size", "16MiB"], env=cls.env)
+             "--log-file", cls.log, "--view-cache-size", "16MiB", "--view-render-ahead", "0"],
+            env=cls.env)
         cls.views = os.path.join(cls.mnt, ".views")
         print(f"\ntorchvision {torchvision.__version__}, PIL {Image.__version__}", flush=True)
 

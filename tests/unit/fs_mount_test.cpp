@@ -571,9 +571,12 @@ TEST_F(MountTest, LeasesPinTheServedGenerationRefreshThroughAnOutageAndRelease) 
 
   // Redis away for longer than the ttl: refreshes fail (logged, not fatal), and once it is
   // back the lapsed lease is renewed because the generation still exists.
-  const uint64_t before_outage = leases->refreshes();
+  // Counted once Redis has exited (stop() waits for it): a refresh already in flight when the
+  // stop began may still have completed. Then two failed rounds in a row, and none succeeded.
   redis_->stop();
-  std::this_thread::sleep_for(800ms);
+  const uint64_t before_outage = leases->refreshes();
+  const uint64_t failures_before = leases->refresh_failures();
+  ASSERT_TRUE(eventually([&] { return leases->refresh_failures() >= failures_before + 2; }));
   EXPECT_EQ(leases->refreshes(), before_outage);
   redis_->start();
   ASSERT_TRUE(eventually([&] { return leases->refreshes() >= before_outage + 2; }));

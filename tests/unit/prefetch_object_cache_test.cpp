@@ -418,6 +418,16 @@ TEST(ObjectCachePrefetch, APromotedObjectIsKeptForItsPredictedUse) {
   EXPECT_EQ(cache.stats().entries, 2u);
 }
 
+// True once a reader has joined a load in flight (stats().joined), false after `limit`.
+bool joined_within(ObjectCache& cache, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (cache.stats().joined == 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
 TEST(ObjectCachePrefetch, ReadersJoinAPrefetchInFlight) {
   ObjectCache cache(1000);
   ASSERT_TRUE(cache.begin_prefetch(key(1), 100, 1));
@@ -428,7 +438,9 @@ TEST(ObjectCachePrefetch, ReadersJoinAPrefetchInFlight) {
     const auto got = cache.get_many(std::span(&k, 1), loader.many(), &outcome);
     EXPECT_EQ(got[0]->bytes(), std::string(100, 'p'));
   });
-  while (cache.stats().joined == 0) std::this_thread::sleep_for(1ms);
+  // Bounded: a reader that never joins fails here, and the prefetch is ended anyway so that
+  // the reader (if it is waiting elsewhere) is released and the test does not hang.
+  EXPECT_TRUE(joined_within(cache, 20s)) << "the reader never joined the prefetch";
   cache.finish_prefetch(key(1), object_of(100, 'p'));
   reader.join();
   EXPECT_EQ(outcome, ReadOutcome::kJoined);
@@ -446,7 +458,9 @@ TEST(ObjectCachePrefetch, ReadersOfAnAbandonedPrefetchLoadItThemselves) {
     const auto got = cache.get_many(std::span(&k, 1), loader.many(), &outcome);
     EXPECT_EQ(got[0]->bytes(), std::string(100, '1'));
   });
-  while (cache.stats().joined == 0) std::this_thread::sleep_for(1ms);
+  // Bounded: a reader that never joins fails here, and the prefetch is ended anyway so that
+  // the reader (if it is waiting elsewhere) is released and the test does not hang.
+  EXPECT_TRUE(joined_within(cache, 20s)) << "the reader never joined the prefetch";
   cache.abandon_prefetch(key(1), "Redis went away");
   reader.join();
   EXPECT_EQ(outcome, ReadOutcome::kMiss);

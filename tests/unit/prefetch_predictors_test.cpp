@@ -274,16 +274,23 @@ TEST(Predictors, ScoresCountWhatEachForesaw) {
   model.set_lookahead(100);
   const std::vector<FileId> files = files_of(model.shape());
   for (const FileId f : files) model.observe(f);
+  bool saw_sequential = false;
+  bool saw_plan = false;
   for (const PredictorScore& s : model.scores()) {
     if (s.name == "sequential") {
+      saw_sequential = true;
       EXPECT_EQ(s.scored, files.size());
       EXPECT_GE(s.foreseen, files.size() - 1);
       EXPECT_GT(s.score, 0.99);
     }
     if (s.name == "plan") {
+      saw_plan = true;
       EXPECT_EQ(s.scored, 0u);  // no plan: not scored
     }
   }
+  // A renamed predictor must fail here, not skip the checks above.
+  EXPECT_TRUE(saw_sequential) << "no predictor named 'sequential' in the scores";
+  EXPECT_TRUE(saw_plan) << "no predictor named 'plan' in the scores";
 }
 
 }  // namespace

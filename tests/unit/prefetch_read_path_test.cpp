@@ -1,6 +1,7 @@
 // The read path below FUSE: FileReader over a real ObjectFetcher and a real redis-server
 // (--verify on files larger than the cache, chunks corrupted after the first check, chunk numbers
 // beyond 32 bits), and the object cache's single-flight bookkeeping when memory runs out.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
@@ -144,12 +145,12 @@ TEST_F(FileReaderReview, NeverServesAnotherChunkWhenChunkNumbersExceed32Bits) {
   const DatasetSnapshot d = snapshot_of(/*chunk_size=*/1, kWrapped + 5, /*checksum=*/0);
   ObjectCache cache(1 << 20);
   FileReader reader(cache, fetcher_, /*verify=*/false);
-  try {
-    const std::string got = bytes_of(reader.read(d, file_entry(d), kWrapped, 1));
-    EXPECT_EQ(got, "B");
-  } catch (const std::exception& e) {
-    SUCCEED() << "refused: " << e.what();
-  }
+  // Such a file is refused with this error, and only this one: no other exception (a lookup
+  // of the wrong chunk failing some other way) may pass for it.
+  EXPECT_THAT([&] { reader.read(d, file_entry(d), kWrapped, 1); },
+              testing::ThrowsMessage<std::runtime_error>(
+                  testing::HasSubstr("has 4294967304 chunks; dsfs reads at most 2^32 per file")));
+  EXPECT_EQ(fetcher_.stats().gets.load(), 0u);  // and chunk 3 ("A") was never fetched
 }
 
 // Running out of memory inside get_many (registering the keys, or caching what was loaded) used
