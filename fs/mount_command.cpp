@@ -110,6 +110,16 @@ std::filesystem::path default_log_file(const std::filesystem::path& mountpoint) 
 // Sends every log line to `path` from now on (the daemon's stderr is /dev/null).
 void log_to_file(const std::filesystem::path& path, const std::string& level) {
   std::filesystem::create_directories(path.parent_path());
+  // Only its owner may read it (it names datasets, paths and the Redis endpoint): created 0600,
+  // and an existing file made so, before spdlog appends to it.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0 || ::fchmod(fd, 0600) != 0) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(
+        fmt::format("cannot create the log file {}: {}", path.string(), std::strerror(error)));
+  }
+  ::close(fd);
   auto logger = spdlog::basic_logger_mt("dsfs-mount", path.string());
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e [%P] %l %v");
   logger->set_level(spdlog::level::from_str(level));

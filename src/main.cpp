@@ -2,6 +2,9 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 #include "fs/mount_command.h"
 #include "src/cli/common.h"
 #include "src/cli/server_command.h"
@@ -33,8 +36,13 @@ int main(int argc, char** argv) {
   dsfs::tools::register_plan_command(app, global);
   dsfs::tools::register_stats_command(app, global);
 
+  // CLI11 parses a copy; the process's own argv, which `ps` shows, loses its passwords first.
+  std::vector<std::string> arguments(argv, argv + argc);
+  std::vector<char*> argument_pointers;
+  for (std::string& argument : arguments) argument_pointers.push_back(argument.data());
+  dsfs::cli::scrub_secrets_from_argv(argc, argv);
   try {
-    app.parse(argc, argv);
+    app.parse(argc, argument_pointers.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const dsfs::cli::ExitCode& e) {

@@ -5,7 +5,14 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string_view>
+
+#include "src/store/log_text.h"
 
 #include "src/store/embedded_server.h"
 
@@ -19,6 +26,11 @@ void add_global_options(CLI::App& sub, GlobalOptions& options) {
                  "PASSWORD). Default: $DSFS_REDIS, else the embedded server under $DSFS_HOME, "
                  "started when needed")
       ->envname("DSFS_REDIS")
+      ->group(kGroup);
+  sub.add_option("--redis-password-file", options.redis_password_file,
+                 "File whose first line is the Redis password (keep it mode 0600): the safe way "
+                 "to pass one; $DSFS_REDIS_PASSWORD or $REDISCLI_AUTH work too. A password in "
+                 "the --redis URL is visible to local users in `ps` until dsfs starts")
       ->group(kGroup);
   sub.add_option("--namespace", options.ns,
                  "Prefix of every Redis key dsfs reads or writes, so several dsfs installations "
@@ -34,9 +46,55 @@ CLI::Option* add_log_level_option(CLI::App& sub, GlobalOptions& options) {
       ->capture_default_str();
 }
 
+namespace {
+
+// The password from --redis-password-file or the environment; nullopt when none is given.
+std::optional<std::string> password_from_outside_argv(const GlobalOptions& options) {
+  if (!options.redis_password_file.empty()) {
+    std::ifstream in(options.redis_password_file);
+    std::string password;
+    if (!in || !std::getline(in, password)) {
+      throw std::invalid_argument(fmt::format(
+          "cannot read the Redis password from --redis-password-file {}: {}",
+          store::log_text(options.redis_password_file), in ? "it is empty" : std::strerror(errno)));
+    }
+    if (!password.empty() && password.back() == '\r') password.pop_back();
+    return password;
+  }
+  for (const char* name : {"DSFS_REDIS_PASSWORD", "REDISCLI_AUTH"}) {
+    if (const char* password = std::getenv(name); password && *password) return password;
+  }
+  return std::nullopt;
+}
+
+store::RedisEndpoint with_password(store::RedisEndpoint endpoint, const GlobalOptions& options) {
+  if (auto password = password_from_outside_argv(options)) endpoint.password = std::move(*password);
+  return endpoint;
+}
+
+}  // namespace
+
+void scrub_secrets_from_argv(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const size_t scheme_end = arg.find("://");
+    if (scheme_end == std::string_view::npos) continue;
+    const size_t authority = scheme_end + 3;
+    const size_t at = arg.rfind('@');
+    if (at == std::string_view::npos || at < authority) continue;
+    const size_t colon = arg.find(':', authority);
+    if (colon == std::string_view::npos || colon > at) continue;  // a user name alone
+    for (size_t j = colon + 1; j < at; ++j) argv[i][j] = '*';
+  }
+}
+
 store::RedisEndpoint resolve_endpoint(const GlobalOptions& options) {
-  if (!options.redis_url.empty()) return store::parse_redis_url(options.redis_url);
-  if (const char* url = std::getenv("DSFS_REDIS"); url && *url) return store::parse_redis_url(url);
+  if (!options.redis_url.empty()) {
+    return with_password(store::parse_redis_url(options.redis_url), options);
+  }
+  if (const char* url = std::getenv("DSFS_REDIS"); url && *url) {
+    return with_password(store::parse_redis_url(url), options);
+  }
   store::EmbeddedServer server;
   if (server.start()) {
     fmt::print(stderr,
