@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::prefetch {
 
@@ -43,12 +44,25 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   const bool was_down = redis_down_.load(std::memory_order_relaxed);
   const uint64_t file = uint64_t{dataset.index} << 32 | entry;
   bool failed_lately = false;
+  bool failed_just_now = false;
   {
     std::lock_guard lock(failed_mutex_);
     if (const auto it = recently_failed_.find(file); it != recently_failed_.end()) {
-      failed_lately = std::chrono::steady_clock::now() - it->second < options_.timeout;
+      const auto age = std::chrono::steady_clock::now() - it->second;
+      failed_lately = age < options_.timeout;
+      failed_just_now = age < std::min(options_.reissue_window, options_.timeout);
       if (!failed_lately) recently_failed_.erase(it);
     }
+  }
+  // The kernel re-issues a READ that failed, at once: answering it with another try would make
+  // one read(2) wait the timeout twice against a stalled Redis. So a file whose fetch failed
+  // this moment (options_.reissue_window) fails again without a try; later, it tries once.
+  if (failed_just_now) {
+    stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
+    throw store::ConnectionError(fmt::format(
+        "{}/{}: its read failed a moment ago (Redis at {} unreachable); not tried again yet",
+        dataset.name(), store::log_text(dataset.catalog->path(entry)),
+        pool_.endpoint().describe()));
   }
   const bool try_once = was_down || failed_lately;
   try {
@@ -69,7 +83,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
     });
   } catch (const store::ConnectionError& e) {
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
-    if (!try_once) {
+    {
       std::lock_guard lock(failed_mutex_);
       // Bounded: past this many files failing at once, forget the expired ones.
       if (recently_failed_.size() >= 65536) {

@@ -36,6 +36,10 @@ struct FetcherOptions {
   std::chrono::milliseconds timeout{30000};
   // GETs outstanding at once on one connection when a read needs several chunks.
   size_t pipeline_window = 8;
+  // A read of a file whose fetch failed less than this ago fails at once, without a try: it is
+  // the kernel re-issuing the READ that just failed (within microseconds), and another try
+  // against a stalled Redis would make one read(2) wait the timeout twice.
+  std::chrono::milliseconds reissue_window{100};
 };
 
 struct FetcherStats {

@@ -1,0 +1,111 @@
+// Recovery after a Redis restart (issue 11, item 9): once Redis answers again, the first read
+// succeeds. A read that arrives while the fetcher holds Redis for down used to take one try on
+// a pooled connection, which the restart had broken, and fail at once; so reads kept failing
+// for a while after Redis was back. A real redis-server with an append-only file is stopped and
+// started again on the same port with the same data.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "prefetch/object_fetcher.h"
+#include "src/catalog/catalog.h"
+#include "src/catalog/keys.h"
+#include "src/store/connection.h"
+#include "src/store/errors.h"
+#include "src/store/pool.h"
+#include "tests/unit/support/test_redis.h"
+
+namespace dsfs::prefetch {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kName = "rc";
+constexpr uint64_t kGeneration = 1;
+
+class Recovery : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1 << 20);
+    for (uint64_t i = 1; i <= 3; ++i) {
+      builder.add_file("f" + std::to_string(i) + ".bin", 100, 0, 0644, i, catalog::kNoLabel, 0, "");
+    }
+    dataset_.info.name = kName;
+    dataset_.info.generation = kGeneration;
+    dataset_.info.chunk_size = 1 << 20;
+    dataset_.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
+    store::Connection conn(redis_.endpoint());
+    for (uint64_t i = 1; i <= 3; ++i) {
+      conn.command({"SET", catalog::KeySchema("dsfs").object(kName, kGeneration, i),
+                    std::string(100, static_cast<char>('0' + i))})
+          .expect_ok("SET");
+    }
+  }
+
+  std::string fetch(const std::string& name) {
+    const uint32_t chunk = 0;
+    const uint32_t entry = *dataset_.catalog->lookup(catalog::kRootIndex, name);
+    auto buffers = fetcher_.fetch_chunks(dataset_, entry, std::span<const uint32_t>(&chunk, 1));
+    return std::string(buffers.at(0)->bytes());
+  }
+
+  test::TestRedisServer redis_{test::TestRedisOptions{.persist = true}};
+  store::ConnectionPool pool_{redis_.endpoint(), 64};
+  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 100ms}};
+  DatasetSnapshot dataset_;
+};
+
+TEST_F(Recovery, TheFirstReadAfterRedisComesBackSucceeds) {
+  EXPECT_EQ(fetch("f1.bin"), std::string(100, '1'));
+  {
+    // 64 idle connections, as after 64 readers at once: the restart breaks them all,
+    // and the failing fetch below meets only some of them in its 100 ms.
+    std::vector<store::ConnectionPool::Lease> leases;
+    for (int i = 0; i < 64; ++i) leases.push_back(pool_.acquire());
+  }
+  redis_.stop();
+  EXPECT_THROW(fetch("f2.bin"), store::ConnectionError);  // waits the timeout, marks it down
+  EXPECT_TRUE(fetcher_.redis_down());
+  redis_.start();  // ready (answers PING) when it returns
+  EXPECT_EQ(fetch("f3.bin"), std::string(100, '3'));
+  EXPECT_FALSE(fetcher_.redis_down());
+  // The file whose fetch failed is fetched again once the re-issue window has passed.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::string f2;
+  while (f2.empty() && std::chrono::steady_clock::now() < deadline) {
+    try {
+      f2 = fetch("f2.bin");
+    } catch (const store::ConnectionError&) {
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  EXPECT_EQ(f2, std::string(100, '2'));
+}
+
+TEST_F(Recovery, TheKernelsReissueOfAFailedReadFailsAtOnce) {
+  // A window long enough that "at once" does not depend on this machine's speed.
+  ObjectFetcher fetcher(pool_, catalog::KeySchema("dsfs"),
+                        FetcherOptions{.timeout = 100ms, .reissue_window = 10min});
+  const uint32_t chunk = 0;
+  const auto fetch_with = [&](const char* name) {
+    const uint32_t entry = *dataset_.catalog->lookup(catalog::kRootIndex, name);
+    return fetcher.fetch_chunks(dataset_, entry, std::span<const uint32_t>(&chunk, 1));
+  };
+  redis_.stop();
+  EXPECT_THROW(fetch_with("f1.bin"), store::ConnectionError);
+  redis_.start();
+  // Redis answers again, but this read of the file that just failed is taken for the kernel's
+  // re-issue of the same READ: failed without a try (no connect), so a stalled Redis is not
+  // waited for twice within one read(2).
+  const uint64_t connects = pool_.connects();
+  EXPECT_THROW(fetch_with("f1.bin"), store::ConnectionError);
+  EXPECT_EQ(pool_.connects(), connects);
+  EXPECT_EQ(fetch_with("f2.bin").at(0)->bytes(), std::string(100, '2'));  // others are read
+}
+
+}  // namespace
+}  // namespace dsfs::prefetch
