@@ -50,6 +50,11 @@ struct FilesystemOptions {
   size_t max_inflight = 0;  // 0: derived from the cache size
 };
 
+// Thread safety: the FUSE session calls its handlers from many worker threads at once; every
+// member it reaches synchronizes itself (pool, cache, fetcher, reader, engine, views: see their
+// headers; counters_ are atomics; datasets_, dataset_by_name_ and meta_ are immutable after
+// construction). stats_snapshots_mutex_ guards stats_snapshots_ and last_stats_snapshot_.
+// no_open_ is written once by init, before any other request.
 class Filesystem {
  public:
   // Connections are made on the first read, never here, so a Filesystem can be built before

@@ -48,6 +48,8 @@ enum class ErrorKind : uint8_t {
 };
 std::string_view error_kind_name(ErrorKind kind);
 
+// Thread safety: atomic counters, bumped by every FUSE worker and read by the stats snapshot
+// without a lock.
 struct FsCounters {
   std::array<std::atomic<uint64_t>, static_cast<size_t>(Op::kCount)> requests{};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(ErrorKind::kCount)> errors{};

@@ -40,6 +40,8 @@ std::optional<std::string_view> view_source_name(std::string_view view_name);
 // canonical slot of its spec, whose number the .npy files and the render cache use, so
 // `imagenet-eval` and `resize=256,crop=224,...` share files. The presets take slots 0..P-1.
 // Slots are never freed (the kernel may hold their inodes), so their number is bounded.
+// Thread safety: internally synchronized; mutex_ serializes additions, and a slot once added
+// never changes, so lookups of existing slots read it without contention.
 class ViewRegistry {
  public:
   static constexpr uint32_t kMaxSlots = kMaxViewSlots;
@@ -131,6 +133,11 @@ struct ViewStats {
 };
 
 // Rendered view files of a mount: the render path, its cache, and rendering ahead.
+// Thread safety: internally synchronized; FUSE workers, the engine's source listener and the
+// render-ahead threads call it at once. registry_, cache_ and service_ synchronize themselves;
+// failed_mutex_ guards failed_; ahead_mutex_ guards the render-ahead state (ahead_queue_,
+// active_, ahead_stopping_, ahead_reads_, ahead_no_room_, ahead_room_serial_), with ahead_work_
+// waiting on it; counters are atomics.
 class ViewFiles {
  public:
   // `source_cache`: where `reader` keeps source images (a source rendered ahead is marked read).

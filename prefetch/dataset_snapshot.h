@@ -9,6 +9,8 @@
 
 namespace dsfs::prefetch {
 
+// Thread safety: immutable after the mount loads it (info and the catalogue never change for the
+// mount's lifetime); shared by every thread without a lock.
 struct DatasetSnapshot {
   uint32_t index = 0;  // position among the mount's datasets; part of every cache key
   catalog::DatasetInfo info;

@@ -187,6 +187,8 @@ class PrefetchEngine {
   EngineOptions options_;
   uint64_t max_prefetch_file_bytes_;
 
+  // Guards everything below up to the atomics (the model, in-flight accounting, the plan, the
+  // held proposal); work_ waits on it. Listeners are called outside it.
   mutable std::mutex mutex_;
   std::condition_variable work_;
   PredictionModel model_;

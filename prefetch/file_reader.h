@@ -23,6 +23,9 @@ struct Slice {
   size_t length = 0;
 };
 
+// Thread safety: internally synchronized; read() is called by every FUSE worker at once. The
+// cache and fetcher synchronize themselves, stats_ is atomics, verified_mutex_ guards verified_.
+// set_engine must be called before the first read (it is not synchronized).
 class FileReader {
  public:
   // verify: check each file's whole checksum when its objects are fetched (a file stored in

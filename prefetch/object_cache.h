@@ -60,6 +60,11 @@ struct CacheStats {
 // How a get_many call found its objects: the worst of its keys.
 enum class ReadOutcome : uint8_t { kReady, kJoined, kMiss };
 
+// Thread safety: internally synchronized; every member function may be called from any thread
+// (FUSE workers, prefetch fetch threads, render-ahead threads). One mutex, mutex_, guards all
+// mutable state (entries_, victims_, loading_, clock_, stats_); loads run outside it, and a
+// load's waiters block on its promise, not on mutex_. The ObjectBuffers it hands out are
+// immutable and shared.
 class ObjectCache {
  public:
   // Loads the objects for `keys` (all missing, no duplicates) and returns them in the same
@@ -151,7 +156,7 @@ class ObjectCache {
   void note_used_locked(Entry& entry);
 
   const uint64_t capacity_bytes_;
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;  // guards everything below
   std::unordered_map<ObjectKey, Entry, ObjectKeyHash> entries_;
   std::map<VictimOrder, ObjectKey> victims_;  // serials are unique, so is each order
   std::unordered_map<ObjectKey, Loading, ObjectKeyHash> loading_;

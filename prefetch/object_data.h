@@ -12,6 +12,7 @@ namespace dsfs::prefetch {
 // Holds the bytes either in its own string or in the buffer a GET reply was read into straight
 // from the socket (store::Connection::get_values), so a fetched object is never copied between
 // the socket and the FUSE reply.
+// Thread safety: immutable once built; shared between threads through ObjectBuffer.
 class ObjectData {
  public:
   explicit ObjectData(std::string bytes);

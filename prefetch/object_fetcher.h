@@ -54,6 +54,10 @@ struct FetcherStats {
   std::atomic<uint64_t> reply_errors{0};  // Redis answered with an error
 };
 
+// Thread safety: internally synchronized; fetch_chunks and the verify functions are called
+// concurrently by FUSE workers and the engine. Connections come from the (synchronized) pool;
+// stats_ and redis_down_ are atomics; failed_mutex_ guards recently_failed_. options_ and keys_
+// are immutable after construction.
 class ObjectFetcher {
  public:
   ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema keys, FetcherOptions options);

@@ -222,6 +222,7 @@ struct PredictorScore {
 };
 
 // The predictors together: scores them, picks the leader and hands out its proposals.
+// Thread safety: not synchronized. PrefetchEngine owns one and calls it only under its mutex_.
 class PredictionModel {
  public:
   explicit PredictionModel(MountShape shape, uint64_t seed = 0x5eed);

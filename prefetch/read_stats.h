@@ -11,6 +11,7 @@
 namespace dsfs::prefetch {
 
 // A log-scale histogram of durations: 8 buckets per power of two (under 9% apart) from 1 µs up.
+// Thread safety: lock-free; record() and the readers may run on any threads at once.
 class StallHistogram {
  public:
   void record(std::chrono::nanoseconds stall);
@@ -33,6 +34,8 @@ class StallHistogram {
   std::atomic<uint64_t> total_ns_{0};
 };
 
+// Thread safety: atomic counters, updated and read from any thread without a lock (relaxed:
+// they are statistics, read as a snapshot that need not be consistent across counters).
 struct ReadStats {
   std::atomic<uint64_t> ready{0};   // every byte was cached
   std::atomic<uint64_t> joined{0};  // waited for a fetch already in flight

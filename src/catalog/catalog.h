@@ -36,6 +36,8 @@ struct CatalogEntry {
   uint64_t metadata_offset;  // into Catalog::metadata()
 };
 
+// Thread safety: immutable once built or decoded; every const member function may be called
+// from any number of threads at once without a lock.
 class Catalog {
  public:
   Catalog() = default;
@@ -79,6 +81,7 @@ class Catalog {
 
 // Builds a Catalog from files added in any order (ingest side). Directories are created for
 // every path prefix; add_directory is only needed for empty directories or to set mtime/mode.
+// Thread safety: not synchronized; one thread builds, then hands the Catalog over.
 class CatalogBuilder {
  public:
   CatalogBuilder(ChecksumKind checksum_kind, uint64_t chunk_size);

@@ -55,6 +55,8 @@ struct ConnectOptions {
   std::chrono::milliseconds io_timeout{10000};
 };
 
+// Thread safety: not synchronized: one thread uses a Connection at a time (the pool lends each
+// to one thread). interrupt() alone may be called from another thread.
 class Connection {
  public:
   // Connects, AUTHs and SELECTs. Throws ConnectionError (unreachable, timeout) or

@@ -15,6 +15,8 @@ struct EmbeddedServerStatus {
   std::filesystem::path log_file;
 };
 
+// Thread safety: not synchronized (the CLI uses it from one thread). Processes are serialized
+// by a lock file instead: concurrent `dsfs` commands starting the server start one.
 class EmbeddedServer {
  public:
   // home: $DSFS_HOME, else $HOME/.local/share/dsfs. Layout: home/redis/{redis.sock,

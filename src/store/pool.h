@@ -10,6 +10,9 @@
 
 namespace dsfs::store {
 
+// Thread safety: internally synchronized; acquire() from any thread (it blocks while all
+// connections are lent). mutex_ guards idle_, lent_ and connects_; available_ waits on it.
+// Connecting happens outside the lock. A Lease, and the Connection it lends, belong to one thread.
 class ConnectionPool {
  public:
   ConnectionPool(RedisEndpoint endpoint, size_t max_connections, ConnectOptions options = {});
