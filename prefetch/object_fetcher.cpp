@@ -97,10 +97,10 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       spdlog::error(
           "read of {}/{} failed: Redis unreachable for {} ms ({}); reads fail at once "
           "until it answers again",
-          dataset.name(), dataset.catalog->path(entry), options_.timeout.count(), e.what());
+          dataset.name(), store::log_text(dataset.catalog->path(entry)), options_.timeout.count(), e.what());
     } else {
       spdlog::debug("read of {}/{} failed: Redis still unreachable: {}", dataset.name(),
-                    dataset.catalog->path(entry), e.what());
+                    store::log_text(dataset.catalog->path(entry)), e.what());
     }
     throw;
   }
@@ -121,7 +121,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       stats_.reply_errors.fetch_add(1, std::memory_order_relaxed);
       const std::string message =
           fmt::format("GET {} for {}/{} failed: Redis replied '{}'", key, dataset.name(),
-                      dataset.catalog->path(entry), reply.error);
+                      store::log_text(dataset.catalog->path(entry)), store::log_text(reply.error));
       spdlog::error("{}", message);
       throw store::ReplyError(message);
     }
@@ -130,7 +130,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       const std::string message = fmt::format(
           "object key {} of {}/{} is missing from Redis (dataset removed or "
           "generation {} garbage-collected? remount to see the current one)",
-          key, dataset.name(), dataset.catalog->path(entry), dataset.generation());
+          key, dataset.name(), store::log_text(dataset.catalog->path(entry)), dataset.generation());
       spdlog::error("{}", message);
       throw IntegrityError(IntegrityError::Kind::kMissing, message);
     }
@@ -139,7 +139,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       stats_.length_mismatches.fetch_add(1, std::memory_order_relaxed);
       const std::string message = fmt::format(
           "object key {} of {}/{} holds {} bytes but the catalogue says {}: refusing to serve it",
-          key, dataset.name(), dataset.catalog->path(entry), reply.size, expected);
+          key, dataset.name(), store::log_text(dataset.catalog->path(entry)), reply.size, expected);
       spdlog::error("{}", message);
       throw IntegrityError(IntegrityError::Kind::kLength, message);
     }
@@ -182,7 +182,7 @@ void ObjectFetcher::verify_checksum(const DatasetSnapshot& dataset, uint32_t ent
     const std::string message = fmt::format(
         "{}/{} (object {} of generation {}) has checksum {:016x} but the catalogue "
         "says {:016x}: refusing to serve it",
-        dataset.name(), catalog.path(entry), catalog.entry(entry).object_id, dataset.generation(),
+        dataset.name(), store::log_text(catalog.path(entry)), catalog.entry(entry).object_id, dataset.generation(),
         actual, expected);
     spdlog::error("{}", message);
     throw IntegrityError(IntegrityError::Kind::kChecksum, message);
@@ -200,7 +200,7 @@ void ObjectFetcher::verify_chunk(const DatasetSnapshot& dataset, uint32_t entry,
   const std::string message = fmt::format(
       "{}/{} (object {} of generation {}): chunk {} differs from the one verified earlier: "
       "refusing to serve it",
-      dataset.name(), dataset.catalog->path(entry), dataset.catalog->entry(entry).object_id,
+      dataset.name(), store::log_text(dataset.catalog->path(entry)), dataset.catalog->entry(entry).object_id,
       dataset.generation(), chunk_index);
   spdlog::error("{}", message);
   throw IntegrityError(IntegrityError::Kind::kChecksum, message);
