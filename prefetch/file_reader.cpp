@@ -30,7 +30,8 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
   // Chunk numbers are 32-bit from here on (cache keys); more would wrap to the wrong chunk.
   if (chunk_count > (uint64_t{1} << 32)) {
     throw std::runtime_error(fmt::format("{}/{} has {} chunks; dsfs reads at most 2^32 per file",
-                                         dataset.name(), store::log_text(catalog.path(entry)), chunk_count));
+                                         dataset.name(), store::log_text(catalog.path(entry)),
+                                         chunk_count));
   }
   const uint64_t chunk_size = chunk_count == 1 ? file.size : catalog.chunk_size();
   const auto first_needed = static_cast<uint32_t>(offset / chunk_size);

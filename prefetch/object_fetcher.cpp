@@ -97,7 +97,8 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
       spdlog::error(
           "read of {}/{} failed: Redis unreachable for {} ms ({}); reads fail at once "
           "until it answers again",
-          dataset.name(), store::log_text(dataset.catalog->path(entry)), options_.timeout.count(), e.what());
+          dataset.name(), store::log_text(dataset.catalog->path(entry)), options_.timeout.count(),
+          e.what());
     } else {
       spdlog::debug("read of {}/{} failed: Redis still unreachable: {}", dataset.name(),
                     store::log_text(dataset.catalog->path(entry)), e.what());
@@ -182,8 +183,8 @@ void ObjectFetcher::verify_checksum(const DatasetSnapshot& dataset, uint32_t ent
     const std::string message = fmt::format(
         "{}/{} (object {} of generation {}) has checksum {:016x} but the catalogue "
         "says {:016x}: refusing to serve it",
-        dataset.name(), store::log_text(catalog.path(entry)), catalog.entry(entry).object_id, dataset.generation(),
-        actual, expected);
+        dataset.name(), store::log_text(catalog.path(entry)), catalog.entry(entry).object_id,
+        dataset.generation(), actual, expected);
     spdlog::error("{}", message);
     throw IntegrityError(IntegrityError::Kind::kChecksum, message);
   }
@@ -200,8 +201,8 @@ void ObjectFetcher::verify_chunk(const DatasetSnapshot& dataset, uint32_t entry,
   const std::string message = fmt::format(
       "{}/{} (object {} of generation {}): chunk {} differs from the one verified earlier: "
       "refusing to serve it",
-      dataset.name(), store::log_text(dataset.catalog->path(entry)), dataset.catalog->entry(entry).object_id,
-      dataset.generation(), chunk_index);
+      dataset.name(), store::log_text(dataset.catalog->path(entry)),
+      dataset.catalog->entry(entry).object_id, dataset.generation(), chunk_index);
   spdlog::error("{}", message);
   throw IntegrityError(IntegrityError::Kind::kChecksum, message);
 }
