@@ -75,11 +75,14 @@ class PlanLimitsTest : public ::testing::Test {
     // Never started: plan_write needs no fetch thread.
     engine_ = std::make_unique<PrefetchEngine>(
         cache_, fetcher_, datasets_, redis_.endpoint(), false,
-        EngineOptions{.mode = PrefetchMode::kPlan, .connections = 1, .connect = {.connect_timeout = 500ms}});
+        EngineOptions{
+            .mode = PrefetchMode::kPlan, .connections = 1, .connect = {.connect_timeout = 500ms}});
   }
 
   // Appends `text` to the plan.
-  void append(std::string_view text) { ASSERT_EQ(engine_->plan_write(engine_->plan_size(), text), 0); }
+  void append(std::string_view text) {
+    ASSERT_EQ(engine_->plan_write(engine_->plan_size(), text), 0);
+  }
 
   test::TestRedisServer redis_;
   std::vector<DatasetSnapshot> datasets_;
