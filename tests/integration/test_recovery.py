@@ -44,10 +44,10 @@ class RecoveryTest(DsfsTestCase):
         try:
             took = self.timed_failing_read("c/1.bin")
             # At least the timeout (it was waited for), at most the timeout plus a margin for
-            # the connect and scheduling: not twice the timeout, as the kernel's re-issued READ
-            # used to make it.
+            # the connect and a loaded machine: not twice the timeout (6 s), as the kernel's
+            # re-issued READ used to make it.
             self.assertGreaterEqual(took, TIMEOUT_S * 0.9)
-            self.assertLess(took, TIMEOUT_S + 1.5, f"one read(2) took {took:.1f} s")
+            self.assertLess(took, TIMEOUT_S + 2.5, f"one read(2) took {took:.1f} s")
         finally:
             os.kill(self.redis.proc.pid, signal.SIGCONT)
         self.assertEqual(self.read("c/5.bin"), self.files["c/5.bin"])  # the first read after
