@@ -32,6 +32,16 @@ uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t e
   return chunk + 1 < count ? chunk_size : size - (count - 1) * chunk_size;
 }
 
+bool ObjectFetcher::answers_within(std::chrono::milliseconds limit) const {
+  try {
+    store::Connection probe(pool_.endpoint(),
+                            store::ConnectOptions{.connect_timeout = limit, .io_timeout = limit});
+    return !probe.command({"PING"}).is_error();
+  } catch (const std::exception&) {  // ConnectionError, or an AUTH refused at connect
+    return false;
+  }
+}
+
 std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dataset,
                                                       uint32_t entry,
                                                       std::span<const uint32_t> chunks) {
@@ -45,24 +55,27 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   const uint64_t file = uint64_t{dataset.index} << 32 | entry;
   bool failed_lately = false;
   bool failed_just_now = false;
+  const std::chrono::milliseconds reissue_window =
+      std::min(options_.reissue_window, options_.timeout);
   {
     std::lock_guard lock(failed_mutex_);
     if (const auto it = recently_failed_.find(file); it != recently_failed_.end()) {
       const auto age = std::chrono::steady_clock::now() - it->second;
       failed_lately = age < options_.timeout;
-      failed_just_now = age < std::min(options_.reissue_window, options_.timeout);
+      failed_just_now = age < reissue_window;
       if (!failed_lately) recently_failed_.erase(it);
     }
   }
-  // The kernel re-issues a READ that failed, at once: answering it with another try would make
-  // one read(2) wait the timeout twice against a stalled Redis. So a file whose fetch failed
-  // this moment (options_.reissue_window) fails again without a try; later, it tries once.
-  if (failed_just_now) {
+  // The kernel re-issues a READ that failed, at once: answering it with another full try would
+  // make one read(2) wait the timeout twice against a stalled Redis. So a file whose fetch failed
+  // this moment (options_.reissue_window) is tried only if a fresh connection answers PING within
+  // that window (Redis may be back already); later, it tries once.
+  if (failed_just_now && !answers_within(reissue_window)) {
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
     throw store::ConnectionError(fmt::format(
-        "{}/{}: its read failed a moment ago (Redis at {} unreachable); not tried again yet",
-        dataset.name(), store::log_text(dataset.catalog->path(entry)),
-        pool_.endpoint().describe()));
+        "{}/{}: its read failed a moment ago and Redis at {} does not answer within {} ms",
+        dataset.name(), store::log_text(dataset.catalog->path(entry)), pool_.endpoint().describe(),
+        reissue_window.count()));
   }
   const bool try_once = was_down || failed_lately;
   try {

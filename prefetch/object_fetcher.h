@@ -36,9 +36,11 @@ struct FetcherOptions {
   std::chrono::milliseconds timeout{30000};
   // GETs outstanding at once on one connection when a read needs several chunks.
   size_t pipeline_window = 8;
-  // A read of a file whose fetch failed less than this ago fails at once, without a try: it is
-  // the kernel re-issuing the READ that just failed (within microseconds), and another try
-  // against a stalled Redis would make one read(2) wait the timeout twice.
+  // A read of a file whose fetch failed less than this ago is most likely the kernel re-issuing
+  // the READ that just failed (within microseconds); another full try against a stalled Redis
+  // would make one read(2) wait the timeout twice. So it first asks a fresh connection for a
+  // PING with this much time to connect and answer: it fails at once unless Redis answers (it
+  // may have just come back), and tries once if it does.
   std::chrono::milliseconds reissue_window{100};
 };
 
@@ -91,6 +93,9 @@ class ObjectFetcher {
   store::ConnectionPool& pool() const { return pool_; }
 
  private:
+  // True if a fresh connection (not the pool's) connects and answers PING within `limit`.
+  bool answers_within(std::chrono::milliseconds limit) const;
+
   store::ConnectionPool& pool_;
   catalog::KeySchema keys_;
   FetcherOptions options_;

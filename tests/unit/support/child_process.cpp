@@ -152,9 +152,14 @@ bool ChildProcess::exited() {
   return true;
 }
 
+void ChildProcess::signal(int signo) {
+  if (pid_ > 0) ::kill(pid_, signo);
+}
+
 void ChildProcess::terminate(std::chrono::milliseconds grace) {
   if (pid_ <= 0) return;
   ::kill(pid_, SIGTERM);
+  ::kill(pid_, SIGCONT);  // a stopped child would not act on SIGTERM until continued
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (!exited()) {
     if (std::chrono::steady_clock::now() > deadline) {

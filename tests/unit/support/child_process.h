@@ -25,6 +25,9 @@ class ChildProcess {
   // True once it has exited (reaping it); never blocks.
   bool exited();
 
+  // Sends `signo` (e.g. SIGSTOP, SIGCONT) while it runs; a no-op once it has been reaped.
+  void signal(int signo);
+
   // SIGTERM, then SIGKILL if it is still there after `grace`; waits until it is reaped.
   void terminate(std::chrono::milliseconds grace = std::chrono::seconds(10));
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -77,6 +78,14 @@ void TestRedisServer::start() {
 
 void TestRedisServer::stop() {
   process_.reset();
+}
+
+void TestRedisServer::pause() {
+  if (process_) process_->signal(SIGSTOP);
+}
+
+void TestRedisServer::resume() {
+  if (process_) process_->signal(SIGCONT);
 }
 
 void TestRedisServer::restart() {

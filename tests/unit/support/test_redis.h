@@ -62,6 +62,10 @@ class TestRedisServer {
   // with persist every write it acknowledged is there again. Like start() and stop(), it may be
   // called from any thread (one call at a time), e.g. from a hook the code under test runs.
   void restart();
+  // SIGSTOP / SIGCONT: a stalled server that still accepts connections (the kernel completes
+  // the handshake) but answers nothing. stop() and the destructor work on a paused server too.
+  void pause();
+  void resume();
   bool running() const { return process_ != nullptr; }
 
   int port() const { return port_; }  // 0 with unix_socket
