@@ -220,20 +220,20 @@ const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
 
 uint64_t Filesystem::new_stats_snapshot() {
   auto snapshot = std::make_shared<const std::string>(stats_json());
-  std::lock_guard lock(stats_snapshots_mutex_);
+  MutexLock lock(stats_snapshots_mutex_);
   const uint64_t ino = ++last_stats_snapshot_;
   stats_snapshots_.emplace(ino, CountedSnapshot{std::move(snapshot), 1});
   return ino;
 }
 
 Filesystem::StatsSnapshot Filesystem::stats_snapshot(uint64_t ino) const {
-  std::lock_guard lock(stats_snapshots_mutex_);
+  MutexLock lock(stats_snapshots_mutex_);
   const auto it = stats_snapshots_.find(ino);
   return it == stats_snapshots_.end() ? nullptr : it->second.text;
 }
 
 void Filesystem::forget_stats_snapshot(uint64_t ino, uint64_t lookups) {
-  std::lock_guard lock(stats_snapshots_mutex_);
+  MutexLock lock(stats_snapshots_mutex_);
   const auto it = stats_snapshots_.find(ino);
   if (it == stats_snapshots_.end()) return;
   if (it->second.lookups <= lookups) {

@@ -20,6 +20,7 @@
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "src/store/pool.h"
+#include "src/store/thread_annotations.h"
 
 struct fuse_lowlevel_ops;
 
@@ -120,9 +121,10 @@ class Filesystem {
     StatsSnapshot text;
     uint64_t lookups = 0;
   };
-  mutable std::mutex stats_snapshots_mutex_;
-  std::unordered_map<uint64_t, CountedSnapshot> stats_snapshots_;
-  uint64_t last_stats_snapshot_ = kStatsSnapshotBase;
+  mutable Mutex stats_snapshots_mutex_;
+  std::unordered_map<uint64_t, CountedSnapshot> stats_snapshots_
+      DSFS_GUARDED_BY(stats_snapshots_mutex_);
+  uint64_t last_stats_snapshot_ DSFS_GUARDED_BY(stats_snapshots_mutex_) = kStatsSnapshotBase;
   // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
   bool no_open_ = false;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

@@ -155,7 +155,7 @@ GenerationLeases::~GenerationLeases() {
 catalog::DatasetInfo GenerationLeases::pin_current(store::Connection& conn,
                                                    const std::string& name) {
   catalog::DatasetInfo info = catalog::pin_current_generation(conn, keys_, name, reader_id_, ttl_);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   leases_.push_back(Lease{.name = name, .generation = info.generation});
   spdlog::debug("dataset '{}': pinned generation {} as reader {} for {} s", name, info.generation,
                 reader_id_, seconds(ttl_));
@@ -165,7 +165,7 @@ catalog::DatasetInfo GenerationLeases::pin_current(store::Connection& conn,
 void GenerationLeases::unpin(store::Connection& conn, const std::string& name) {
   std::optional<Lease> lease;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     const auto it = std::find_if(leases_.begin(), leases_.end(),
                                  [&](const Lease& held) { return held.name == name; });
     if (it == leases_.end()) return;
@@ -176,18 +176,18 @@ void GenerationLeases::unpin(store::Connection& conn, const std::string& name) {
 }
 
 void GenerationLeases::start_refreshing() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (refresher_.joinable() || released_ || leases_.empty()) return;
   refresher_ = std::jthread([this](std::stop_token stop) { refresh_loop(std::move(stop)); });
 }
 
 uint64_t GenerationLeases::refresh_failures() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return refresh_failures_;
 }
 
 uint64_t GenerationLeases::refreshes() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return refreshes_;
 }
 
@@ -202,7 +202,7 @@ store::Connection& GenerationLeases::connection() {
 void GenerationLeases::refresh_all() {
   std::vector<Lease> leases;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     leases = leases_;
   }
   for (const Lease& lease : leases) {
@@ -225,7 +225,7 @@ void GenerationLeases::refresh_all() {
     }
     catalog::unpin_generation(conn, keys_, lease.name, reader_id_, lease.generation);
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       std::erase_if(leases_, [&](const Lease& l) {
         return l.name == lease.name && l.generation == lease.generation;
       });
@@ -236,7 +236,7 @@ void GenerationLeases::refresh_all() {
         "with EIO; remount to serve the current generation",
         lease.name, lease.generation);
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ++refreshes_;
 }
 
@@ -263,7 +263,7 @@ void GenerationLeases::refresh_loop(std::stop_token stop) {
       wait = std::min(interval, kLeaseFirstRetry * (1u << std::min(failures, 10u)));
       ++failures;
       {
-        std::lock_guard lock(mutex_);
+        MutexLock lock(mutex_);
         ++refresh_failures_;
       }
       spdlog::warn("cannot refresh this mount's leases on its generations ({}); retrying in {} s",
@@ -279,7 +279,7 @@ void GenerationLeases::release() {
   }
   std::vector<Lease> leases;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (released_) return;
     released_ = true;
     leases.swap(leases_);

@@ -20,6 +20,7 @@
 #include "src/catalog/keys.h"
 #include "src/store/connection.h"
 #include "src/store/redis_url.h"
+#include "src/store/thread_annotations.h"
 
 struct fuse_session;
 
@@ -97,14 +98,14 @@ class GenerationLeases {
   catalog::KeySchema keys_;
   std::chrono::milliseconds ttl_;
   std::string reader_id_;
-  mutable std::mutex mutex_;  // guards leases_, refreshes_, refresh_failures_
-  std::condition_variable_any wake_;
-  std::vector<Lease> leases_;
-  uint64_t refreshes_ = 0;
-  uint64_t refresh_failures_ = 0;
+  mutable Mutex mutex_;
+  std::condition_variable_any wake_;  // waits on mutex_ (std::unique_lock<Mutex>)
+  std::vector<Lease> leases_ DSFS_GUARDED_BY(mutex_);
+  uint64_t refreshes_ DSFS_GUARDED_BY(mutex_) = 0;
+  uint64_t refresh_failures_ DSFS_GUARDED_BY(mutex_) = 0;
   std::optional<store::Connection> conn_;  // the refresher's, then release()'s
   std::jthread refresher_;
-  bool released_ = false;
+  bool released_ DSFS_GUARDED_BY(mutex_) = false;
 };
 
 // Loads the current generation of each named dataset (every published one when `names` is

@@ -393,7 +393,7 @@ bool ViewFiles::render_ahead(AheadItem& item) {
                                        .generation = dataset.generation(),
                                        .object_id = dataset.catalog->entry(item.entry).object_id};
   {
-    std::lock_guard lock(failed_mutex_);
+    MutexLock lock(failed_mutex_);
     if (failed_.contains(key)) return true;
   }
   if (slot.file_size > cache_.capacity_bytes() / 2) {
@@ -442,7 +442,7 @@ prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& datase
   // A file that failed is never cached, so every read of it comes here: answer from memory
   // rather than fetching and decoding it again. Rendered files never reach this lock.
   {
-    std::lock_guard lock(failed_mutex_);
+    MutexLock lock(failed_mutex_);
     if (const auto it = failed_.find(key); it != failed_.end()) throw ViewRenderError(it->second);
   }
   const auto started = std::chrono::steady_clock::now();
@@ -495,7 +495,7 @@ prefetch::ObjectBuffer ViewFiles::render_bytes(const prefetch::DatasetSnapshot& 
     std::string reason = fmt::format(
         "dataset '{}': {} cannot be decoded for .views/{}: {}", store::log_text(dataset.name()),
         store::log_text(dataset.catalog->path(entry)), store::log_text(slot.name), e.what());
-    std::lock_guard lock(failed_mutex_);
+    MutexLock lock(failed_mutex_);
     // Counted and logged once per file, whether a reader or rendering ahead met it first.
     if (failed_.contains(key)) throw ViewRenderError(failed_.at(key));
     render_errors_.fetch_add(1, std::memory_order_relaxed);

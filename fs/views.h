@@ -24,6 +24,7 @@
 #include "prefetch/engine.h"
 #include "prefetch/file_reader.h"
 #include "prefetch/object_cache.h"
+#include "src/store/thread_annotations.h"
 
 namespace dsfs::fs {
 
@@ -226,8 +227,9 @@ class ViewFiles {
   prefetch::ObjectCache cache_;  // key: {dataset, chunk = canonical slot, generation, entry}
   std::unique_ptr<view::ViewService> service_;
   // Undecodable files by cache key, with the reason: the bytes are immutable, so they stay so.
-  mutable std::mutex failed_mutex_;
-  std::unordered_map<prefetch::ObjectKey, std::string, prefetch::ObjectKeyHash> failed_;
+  mutable Mutex failed_mutex_;
+  std::unordered_map<prefetch::ObjectKey, std::string, prefetch::ObjectKeyHash> failed_
+      DSFS_GUARDED_BY(failed_mutex_);
   std::atomic<uint64_t> render_errors_{0};
   std::atomic<uint64_t> header_reads_{0};
   std::atomic<uint64_t> bytes_read_{0};

@@ -84,7 +84,7 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
           for (const ObjectBuffer& chunk : all_chunks) {
             taken->push_back(ObjectFetcher::chunk_digest(*chunk));
           }
-          std::lock_guard lock(verified_mutex_);
+          MutexLock lock(verified_mutex_);
           verified_[uint64_t{dataset.index} << 32 | entry] = std::move(taken);
         }
         std::vector<ObjectBuffer> result;
@@ -117,7 +117,7 @@ std::vector<Slice> FileReader::read(const DatasetSnapshot& dataset, uint32_t ent
 
 std::shared_ptr<const FileReader::Digests> FileReader::verified_digests(uint32_t dataset,
                                                                         uint32_t entry) const {
-  std::lock_guard lock(verified_mutex_);
+  MutexLock lock(verified_mutex_);
   const auto it = verified_.find(uint64_t{dataset} << 32 | entry);
   return it == verified_.end() ? nullptr : it->second;
 }

@@ -11,6 +11,7 @@
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "prefetch/read_stats.h"
+#include "src/store/thread_annotations.h"
 
 namespace dsfs::prefetch {
 
@@ -58,8 +59,9 @@ class FileReader {
   ReadStats stats_;
   // Chunked files that passed the whole-file check, by (dataset << 32 | entry). Without them a
   // file larger than the cache was fetched whole again on every miss (chunks^2 GETs).
-  mutable std::mutex verified_mutex_;
-  std::unordered_map<uint64_t, std::shared_ptr<const Digests>> verified_;
+  mutable Mutex verified_mutex_;
+  std::unordered_map<uint64_t, std::shared_ptr<const Digests>> verified_
+      DSFS_GUARDED_BY(verified_mutex_);
 };
 
 }  // namespace dsfs::prefetch

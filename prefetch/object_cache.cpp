@@ -35,7 +35,7 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
   // never kept and get std::future_error for that object until the cache is gone.
   const auto withdraw = [&](const std::exception_ptr& failure) {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       for (const ObjectKey& key : to_load) loading_.erase(key);
     }
     for (auto& promise : promises) promise.set_exception(failure);
@@ -46,7 +46,7 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
     to_load_positions.reserve(keys.size());
     to_wait.reserve(keys.size());
     promises.reserve(keys.size());
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) {
       const ObjectKey& key = keys[i];
       if (auto it = entries_.find(key); it != entries_.end()) {
@@ -99,7 +99,7 @@ std::vector<ObjectBuffer> ObjectCache::get_many(std::span<const ObjectKey> keys,
       throw;
     }
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       // Erasing cannot throw, so no key stays registered once its load is done.
       for (const ObjectKey& key : to_load) loading_.erase(key);
       for (size_t j = 0; j < to_load.size(); ++j) {
@@ -154,7 +154,6 @@ void ObjectCache::erase_entry_locked(
 }
 
 bool ObjectCache::make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank) {
-  const auto free_bytes = [&] { return capacity_bytes_ - stats_.bytes - stats_.reserved_bytes; };
   if (stats_.bytes + stats_.reserved_bytes + size <= capacity_bytes_) return true;
   // Whether an object may go for this one. Objects being read (a reader holds their buffer) stay
   // whatever they are: evicting them would free nothing until the reader is done.
@@ -171,7 +170,7 @@ bool ObjectCache::make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank
     return false;
   };
   // First find out whether enough can go, so a refusal evicts nothing.
-  uint64_t can_free = free_bytes();
+  uint64_t can_free = capacity_bytes_ - stats_.bytes - stats_.reserved_bytes;
   std::vector<ObjectKey> chosen;
   for (const auto& [order, key] : victims_) {
     if (can_free >= size) break;
@@ -220,7 +219,7 @@ void ObjectCache::insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool 
 }
 
 bool ObjectCache::begin_prefetch(const ObjectKey& key, uint64_t size, uint64_t rank) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (size > capacity_bytes_ || entries_.contains(key) || loading_.contains(key)) return false;
   if (!make_room_locked(size, RoomFor::kPrefetch, rank)) return false;
   auto promise = std::make_shared<std::promise<ObjectBuffer>>();
@@ -239,7 +238,7 @@ bool ObjectCache::begin_prefetch(const ObjectKey& key, uint64_t size, uint64_t r
 void ObjectCache::finish_prefetch(const ObjectKey& key, ObjectBuffer buffer) {
   std::shared_ptr<std::promise<ObjectBuffer>> promise;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     const auto it = loading_.find(key);
     if (it == loading_.end() || !it->second.prefetch_promise) {
       throw std::logic_error("finish_prefetch without begin_prefetch");
@@ -271,7 +270,7 @@ void ObjectCache::finish_prefetch(const ObjectKey& key, ObjectBuffer buffer) {
 void ObjectCache::abandon_prefetch(const ObjectKey& key, const std::string& why) {
   std::shared_ptr<std::promise<ObjectBuffer>> promise;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     const auto it = loading_.find(key);
     if (it == loading_.end() || !it->second.prefetch_promise) return;
     stats_.reserved_bytes -= it->second.reserved;
@@ -283,7 +282,7 @@ void ObjectCache::abandon_prefetch(const ObjectKey& key, const std::string& why)
 }
 
 void ObjectCache::mark_consumed(const ObjectKey& key) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const auto it = entries_.find(key);
   if (it == entries_.end()) return;
   note_used_locked(it->second);
@@ -291,7 +290,7 @@ void ObjectCache::mark_consumed(const ObjectKey& key) {
 }
 
 ObjectBuffer ObjectCache::promote(const ObjectKey& key, uint64_t rank) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
   Entry& entry = it->second;
@@ -303,7 +302,7 @@ ObjectBuffer ObjectCache::promote(const ObjectKey& key, uint64_t rank) {
 }
 
 void ObjectCache::new_epoch() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [key, entry] : entries_) {
     if (entry.victim.standing != Standing::kConsumed) continue;
     entry.rank = kUnorderedRank;
@@ -312,18 +311,18 @@ void ObjectCache::new_epoch() {
 }
 
 ObjectBuffer ObjectCache::peek(const ObjectKey& key) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second.buffer;
 }
 
 bool ObjectCache::present(const ObjectKey& key) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return entries_.contains(key) || loading_.contains(key);
 }
 
 CacheStats ObjectCache::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   CacheStats snapshot = stats_;
   snapshot.capacity_bytes = capacity_bytes_;
   snapshot.entries = entries_.size();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "prefetch/object_data.h"
+#include "src/store/thread_annotations.h"
 
 namespace dsfs::prefetch {
 
@@ -148,20 +149,24 @@ class ObjectCache {
   // kDemand may evict anything not being read; kReadOnce only what is read or unpredicted.
   enum class RoomFor : uint8_t { kPrefetch, kDemand, kReadOnce };
 
-  void insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool read_whole);
+  void insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool read_whole)
+      DSFS_REQUIRES(mutex_);
   // Evicts until `size` more bytes fit; false (evicting nothing) when they cannot.
-  bool make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank);
-  void set_standing_locked(const ObjectKey& key, Entry& entry, Standing standing, uint64_t order);
-  void erase_entry_locked(std::unordered_map<ObjectKey, Entry, ObjectKeyHash>::iterator it);
-  void note_used_locked(Entry& entry);
+  bool make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank) DSFS_REQUIRES(mutex_);
+  void set_standing_locked(const ObjectKey& key, Entry& entry, Standing standing, uint64_t order)
+      DSFS_REQUIRES(mutex_);
+  void erase_entry_locked(std::unordered_map<ObjectKey, Entry, ObjectKeyHash>::iterator it)
+      DSFS_REQUIRES(mutex_);
+  void note_used_locked(Entry& entry) DSFS_REQUIRES(mutex_);
 
   const uint64_t capacity_bytes_;
-  mutable std::mutex mutex_;  // guards everything below
-  std::unordered_map<ObjectKey, Entry, ObjectKeyHash> entries_;
-  std::map<VictimOrder, ObjectKey> victims_;  // serials are unique, so is each order
-  std::unordered_map<ObjectKey, Loading, ObjectKeyHash> loading_;
-  uint64_t clock_ = 0;  // use counter for LRU order and serials
-  CacheStats stats_;
+  mutable Mutex mutex_;  // guards everything below
+  std::unordered_map<ObjectKey, Entry, ObjectKeyHash> entries_ DSFS_GUARDED_BY(mutex_);
+  // Serials are unique, so is each order.
+  std::map<VictimOrder, ObjectKey> victims_ DSFS_GUARDED_BY(mutex_);
+  std::unordered_map<ObjectKey, Loading, ObjectKeyHash> loading_ DSFS_GUARDED_BY(mutex_);
+  uint64_t clock_ DSFS_GUARDED_BY(mutex_) = 0;  // use counter for LRU order and serials
+  CacheStats stats_ DSFS_GUARDED_BY(mutex_);
 };
 
 }  // namespace dsfs::prefetch

@@ -58,7 +58,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   const std::chrono::milliseconds reissue_window =
       std::min(options_.reissue_window, options_.timeout);
   {
-    std::lock_guard lock(failed_mutex_);
+    MutexLock lock(failed_mutex_);
     if (const auto it = recently_failed_.find(file); it != recently_failed_.end()) {
       const auto age = std::chrono::steady_clock::now() - it->second;
       failed_lately = age < options_.timeout;
@@ -97,7 +97,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   } catch (const store::ConnectionError& e) {
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
     {
-      std::lock_guard lock(failed_mutex_);
+      MutexLock lock(failed_mutex_);
       // Bounded: past this many files failing at once, forget the expired ones.
       if (recently_failed_.size() >= 65536) {
         std::erase_if(recently_failed_, [&](const auto& item) {
@@ -122,7 +122,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
     spdlog::info("Redis at {} answers again", pool_.endpoint().describe());
   }
   if (failed_lately) {
-    std::lock_guard lock(failed_mutex_);
+    MutexLock lock(failed_mutex_);
     recently_failed_.erase(file);
   }
 

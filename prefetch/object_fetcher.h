@@ -16,6 +16,7 @@
 #include "prefetch/object_data.h"
 #include "src/catalog/keys.h"
 #include "src/store/pool.h"
+#include "src/store/thread_annotations.h"
 
 namespace dsfs::prefetch {
 
@@ -108,9 +109,10 @@ class ObjectFetcher {
   // when. Until the timeout has passed again, a fetch of the same file tries once: the kernel
   // re-issues a failed READ (the readahead, then the page), and a success of another file clears
   // redis_down_, so with Redis half-reachable one read(2) waited several timeouts before EIO.
-  // Guarded by failed_mutex_; entries go on success, or when found expired.
-  std::mutex failed_mutex_;
-  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> recently_failed_;
+  // Entries go on success, or when found expired.
+  Mutex failed_mutex_;
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> recently_failed_
+      DSFS_GUARDED_BY(failed_mutex_);
 };
 
 // CRC-32C (Castagnoli), for manifests that record it instead of XXH64.

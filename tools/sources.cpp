@@ -96,7 +96,7 @@ bool libarchive_recognises(const std::filesystem::path& file) {
   std::unique_ptr<archive, decltype(&archive_read_free)> reader(archive_read_new(),
                                                                 &archive_read_free);
   if (!reader) throw std::bad_alloc();
-  archive_read_support_filter_all(reader.get());
+  detail::enable_archive_filters(reader.get());
   detail::enable_archive_formats(reader.get());
   if (archive_read_open_filename(reader.get(), file.c_str(), 64 * 1024) != ARCHIVE_OK) {
     return false;

@@ -161,7 +161,7 @@ class LibarchiveFilterBytes final : public DecompressedBytes {
   LibarchiveFilterBytes(const std::string& path, size_t block_bytes)
       : path_(path), reader_(archive_read_new(), &archive_read_free), output_(block_bytes) {
     if (!reader_) throw std::bad_alloc();
-    archive_read_support_filter_all(reader_.get());
+    detail::enable_archive_filters(reader_.get());
     archive_read_support_format_raw(reader_.get());
     archive_entry* entry = nullptr;
     if (archive_read_open_filename(reader_.get(), path.c_str(), block_bytes) != ARCHIVE_OK ||
@@ -211,7 +211,7 @@ std::unique_ptr<DecompressedBytes> open_decompressed(const std::string& path, si
   std::unique_ptr<archive, decltype(&archive_read_free)> probe(archive_read_new(),
                                                                &archive_read_free);
   if (!probe) throw std::bad_alloc();
-  archive_read_support_filter_all(probe.get());
+  detail::enable_archive_filters(probe.get());
   archive_read_support_format_raw(probe.get());
   archive_entry* entry = nullptr;
   if (archive_read_open_filename(probe.get(), path.c_str(), 64 * 1024) == ARCHIVE_OK &&
@@ -404,6 +404,17 @@ class ArchiveSource final : public Source {
 };
 
 }  // namespace
+
+void detail::enable_archive_filters(archive* reader) {
+  archive_read_support_filter_gzip(reader);
+  archive_read_support_filter_bzip2(reader);
+  archive_read_support_filter_xz(reader);
+  archive_read_support_filter_lzma(reader);
+  archive_read_support_filter_lzip(reader);
+  archive_read_support_filter_zstd(reader);
+  archive_read_support_filter_lz4(reader);
+  archive_read_support_filter_compress(reader);
+}
 
 void detail::enable_archive_formats(archive* reader) {
   archive_read_support_format_tar(reader);  // ustar, pax, GNU, v7

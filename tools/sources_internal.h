@@ -18,6 +18,10 @@ namespace dsfs::tools::detail {
 // ar, xar, cab, lha, rar) and no others: never mtree, raw or "empty", which take any text file
 // (a mistyped URL list) for an archive of empty files.
 void enable_archive_formats(struct archive* reader);
+// The compressions libarchive decodes with a library linked into dsfs (gzip, bzip2, xz, lzma,
+// lzip, zstd, lz4, compress). Never libarchive's "all": that adds lrzip, lzop and grzip, which it
+// runs as programs found on PATH, and an ingest of someone else's file must not run a program.
+void enable_archive_filters(struct archive* reader);
 
 // curl_global_init, once per process (the first call's failure is rethrown by every call).
 void ensure_curl_initialised();

@@ -13,7 +13,7 @@ import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from harness import DsfsTestCase
+from harness import DSFS, DsfsTestCase, run
 
 
 def flip_byte(data, position):
@@ -100,6 +100,38 @@ class HostileIngestTest(DsfsTestCase):
         good = self.compressed("gz")
         self.assert_refused(self.write("tail.tar.gz", good + b"trailing"), "is damaged")
         self.dsfs("ingest", self.write("pad.tar.gz", good + bytes(1024)), "--dataset", "padded")
+
+    def test_no_external_decompressor_is_ever_run(self):
+        # libarchive's "all filters" runs lrzip, lzop or grzip from PATH for data that starts
+        # with their magic (no library for them): an ingest of an untrusted file must not run
+        # a program. Fake ones on PATH record whether they were run.
+        fake_bin = os.path.join(self.tmp, "fake-bin")
+        os.makedirs(fake_bin)
+        ran = os.path.join(self.tmp, "ran")
+        for program in ("lrzip", "lzop", "grzip"):
+            script = os.path.join(fake_bin, program)
+            with open(script, "w") as f:
+                f.write(f"#!/bin/sh\necho {program} >> '{ran}'\ncat >/dev/null\n")
+            os.chmod(script, 0o755)
+        env = dict(self.env, PATH=fake_bin + os.pathsep + self.env.get("PATH", os.defpath))
+        magics = {
+            "lrz": b"LRZI\x00\x06" + bytes(18),
+            "lzo": b"\x89LZO\x00\r\n\x1a\n" + bytes(40),
+            "grz": b"GRZipII\x00\x02\x04:)" + bytes(40),
+        }
+        for suffix, data in magics.items():
+            with self.subTest(compression=suffix):
+                if os.path.exists(ran):
+                    os.remove(ran)
+                path = self.write(f"x.tar.{suffix}", data + self.tar)
+                res = run([DSFS, "ingest", path, "--dataset", "ds", "--redis", self.redis.url],
+                          check=False, env=env)
+                self.assertNotEqual(res.returncode, 0, res.stdout)
+                self.assertIn(path, res.stderr)
+                if os.path.exists(ran):
+                    with open(ran) as f:
+                        self.fail(f"dsfs ingest of {path} ran {f.read().strip()}")
+        self.assertEqual(self.info()["generation"], self.generation)
 
     def test_a_url_list_with_a_line_that_is_not_http_is_refused_naming_it(self):
         for line in ("file:///etc/passwd", "gopher://example.com/a.jpg", "ftp://example.com/a",
