@@ -372,9 +372,11 @@ class ArchiveSource final : public Source {
     ObjectStream stream(sink, object_id, options_.chunk_size, options_.checksum, declared_size);
     uint64_t written = 0;
     const std::string zeros(kZeroBlockBytes, '\0');
-    // Sparse members leave holes between blocks; they read as zeros.
+    // Sparse members leave holes between blocks; they read as zeros. A hole may be terabytes
+    // declared in a few header bytes, so a stop is honoured inside it too.
     auto fill_zeros_to = [&](uint64_t offset) {
       while (written < offset) {
+        sink.check_stop();
         const size_t n = static_cast<size_t>(std::min<uint64_t>(offset - written, zeros.size()));
         stream.append(std::string_view(zeros.data(), n));
         written += n;

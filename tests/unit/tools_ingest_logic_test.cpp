@@ -610,6 +610,50 @@ TEST(ArchiveSource, TruncatedArchiveIsAnErrorNamingIt) {
   }
 }
 
+// Counts the bytes streamed to it and asks to stop once `limit` have come.
+class StopAfterBytesSink : public SourceSink {
+ public:
+  explicit StopAfterBytesSink(uint64_t limit) : limit_(limit) {}
+  void put_piece(const PieceKey&, std::string bytes, bool) override { bytes_ += bytes.size(); }
+  bool stop_requested() const override { return bytes_ >= limit_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  uint64_t limit_;
+  uint64_t bytes_ = 0;
+};
+
+TEST(ArchiveSource, AStopIsHonouredInsideASparseHole) {
+  // A 4 GiB member with one 4 KiB block of data at its end: the hole before it reads as zeros.
+  // Ctrl-C while those zeros streamed went unnoticed until the whole hole was hashed and stored.
+  TempDir tmp;
+  const fs::path tar = tmp.path() / "sparse.tar";
+  constexpr la_int64_t kSize = la_int64_t{4} << 30;
+  const std::string block(4096, 'x');
+  {
+    std::unique_ptr<archive, decltype(&archive_write_free)> writer(archive_write_new(),
+                                                                   &archive_write_free);
+    archive_write_set_format_pax(writer.get());
+    ASSERT_EQ(archive_write_open_filename(writer.get(), tar.c_str()), ARCHIVE_OK);
+    std::unique_ptr<archive_entry, decltype(&archive_entry_free)> entry(archive_entry_new(),
+                                                                        &archive_entry_free);
+    archive_entry_set_pathname(entry.get(), "hole.bin");
+    archive_entry_set_filetype(entry.get(), AE_IFREG);
+    archive_entry_set_perm(entry.get(), 0644);
+    archive_entry_set_size(entry.get(), kSize);
+    archive_entry_sparse_add_entry(entry.get(), kSize - 4096, 4096);
+    ASSERT_EQ(archive_write_header(writer.get(), entry.get()), ARCHIVE_OK)
+        << archive_error_string(writer.get());
+    ASSERT_EQ(archive_write_data(writer.get(), block.data(), block.size()), 4096);
+    ASSERT_EQ(archive_write_close(writer.get()), ARCHIVE_OK);
+  }
+  ASSERT_LT(fs::file_size(tar), 1u << 20);  // really sparse, not 4 GiB of zeros
+  StopAfterBytesSink sink(1 << 20);
+  auto source = make_archive_source(tar, SourceOptions{});
+  EXPECT_THROW(source->read(sink), StopRequested);
+  EXPECT_LT(sink.bytes(), uint64_t{64} << 20) << "streamed on after the stop was asked for";
+}
+
 // ---- options, progress -----------------------------------------------------------------------
 
 TEST(ValidateIngestOptions, RejectsBadNamesAndRanges) {
