@@ -30,6 +30,7 @@ constexpr blksize_t kPreferredIoSize = 128 * 1024;
 // What directories report as their size, as on most local filesystems (du counts them).
 constexpr off_t kDirectorySize = 4096;
 
+constexpr std::string_view kUserXattrPrefix = "user.";
 constexpr std::string_view kLabelXattr = "user.dsfs.label";
 constexpr std::string_view kClassXattr = "user.dsfs.class";
 constexpr std::string_view kMetaXattr = "user.dsfs.meta";
@@ -574,6 +575,10 @@ struct Handlers {
       if (conn->capable & capability) conn->want |= capability;
     };
     want(FUSE_CAP_READDIRPLUS);
+    // Always READDIRPLUS, never the kernel's guess (READDIRPLUS_AUTO answers a listing's later
+    // batches with plain READDIR): each entry's attributes come with the listing, so `ls -l`,
+    // `find -ls` or `du` then stat every entry without a LOOKUP each.
+    conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
     want(FUSE_CAP_PARALLEL_DIROPS);
     want(FUSE_CAP_ASYNC_READ);
     // Files never change under a mount, so OPEN and RELEASE carry nothing: answering the first
@@ -581,6 +586,10 @@ struct Handlers {
     // cache across opens), which removes two round trips per file read.
     want(FUSE_CAP_NO_OPEN_SUPPORT);
     fs.no_open_ = (conn->want & FUSE_CAP_NO_OPEN_SUPPORT) != 0;
+    // Likewise for directories: listings never change, so OPENDIR and RELEASEDIR carry nothing
+    // and the kernel keeps cached listings without them (two round trips per `ls` saved).
+    want(FUSE_CAP_NO_OPENDIR_SUPPORT);
+    fs.no_opendir_ = (conn->want & FUSE_CAP_NO_OPENDIR_SUPPORT) != 0;
     // Data never changes under a mount, so there is nothing to invalidate on attribute changes.
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
     // O_TRUNC must arrive as a SETATTR: with atomic O_TRUNC it would ride on the OPEN the
@@ -750,6 +759,8 @@ struct Handlers {
 
   static void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     guarded(req, Op::kOpendir, [&](Filesystem& fs) {
+      // See init: this reply makes it the last OPENDIR the kernel sends; READDIR checks the inode.
+      if (fs.no_opendir_) return (void)fuse_reply_err(req, ENOSYS);
       const InodeRef ref = decode_inode(ino);
       if (ref.kind == InodeRef::Kind::kInvalid ||
           ((ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kMeta) &&
@@ -949,6 +960,12 @@ struct Handlers {
 
   static void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     guarded(req, Op::kGetxattr, [&](Filesystem& fs) {
+      // Only user.* attributes exist here. EOPNOTSUPP, not ENODATA, for the others (ACLs,
+      // security labels): tools such as `ls -l` then stop asking for every other file of this
+      // filesystem, instead of paying two round trips per file listed.
+      if (!std::string_view(name).starts_with(kUserXattrPrefix)) {
+        return fail(fs, req, EOPNOTSUPP);
+      }
       const InodeRef ref = decode_inode(ino);
       std::optional<std::string> value;
       if (ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kViewEntry) {
@@ -979,6 +996,20 @@ struct Handlers {
       }
       reply_xattr_bytes(req, names, size);
     });
+  }
+
+  // No file here is a device. Python before 3.14 asks isatty() (an ioctl) of every file it
+  // opens with default buffering, and Linux sends each ioctl to the daemon even after an
+  // ENOSYS, so this is answered at once and counted: it is the one round trip a warm read
+  // by a Python loader still pays (see docs/architecture.md).
+  static void ioctl(fuse_req_t req, fuse_ino_t, unsigned int, void*, fuse_file_info*, unsigned,
+                    const void*, size_t, size_t) {
+    guarded(req, Op::kIoctl, [&](Filesystem&) { fuse_reply_err(req, ENOTTY); });
+  }
+
+  // Nothing is ever written back; ENOSYS tells the kernel to send no more FLUSH on close.
+  static void flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
+    guarded(req, Op::kFlush, [&](Filesystem&) { fuse_reply_err(req, ENOSYS); });
   }
 
   // .dsfs/plan: writing at 0 replaces the plan, at its end extends it.
@@ -1036,6 +1067,8 @@ const fuse_lowlevel_ops& Filesystem::operations() {
     o.statfs = &Handlers::statfs;
     o.getxattr = &Handlers::getxattr;
     o.listxattr = &Handlers::listxattr;
+    o.ioctl = &Handlers::ioctl;
+    o.flush = &Handlers::flush;
     o.setattr = &Handlers::setattr;
     o.mknod = &Handlers::refuse;
     o.mkdir = &Handlers::refuse;

@@ -55,7 +55,7 @@ struct FilesystemOptions {
 // member it reaches synchronizes itself (pool, cache, fetcher, reader, engine, views: see their
 // headers; counters_ are atomics; datasets_, dataset_by_name_ and meta_ are immutable after
 // construction). stats_snapshots_mutex_ guards stats_snapshots_ and last_stats_snapshot_.
-// no_open_ is written once by init, before any other request.
+// no_open_ and no_opendir_ are written once by init, before any other request.
 class Filesystem {
  public:
   // Connections are made on the first read, never here, so a Filesystem can be built before
@@ -127,6 +127,8 @@ class Filesystem {
   uint64_t last_stats_snapshot_ DSFS_GUARDED_BY(stats_snapshots_mutex_) = kStatsSnapshotBase;
   // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
   bool no_open_ = false;
+  // Nor OPENDIR and RELEASEDIR for directories (FUSE_CAP_NO_OPENDIR_SUPPORT): set by init.
+  bool no_opendir_ = false;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const int64_t mounted_unix_;
   const uint32_t owner_uid_;

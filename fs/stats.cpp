@@ -32,6 +32,10 @@ std::string_view op_name(Op op) {
       return "getxattr";
     case Op::kListxattr:
       return "listxattr";
+    case Op::kIoctl:
+      return "ioctl";
+    case Op::kFlush:
+      return "flush";
     case Op::kWrite:
       return "write";
     case Op::kCount:

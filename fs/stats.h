@@ -31,6 +31,8 @@ enum class Op : uint8_t {
   kStatfs,
   kGetxattr,
   kListxattr,
+  kIoctl,  // answered ENOTTY; Python's open() asks isatty() of every file (see filesystem.cpp)
+  kFlush,  // answered ENOSYS once, after which the kernel sends no more
   kWrite,  // any modifying request; always answered EROFS
   kCount,
 };

@@ -18,6 +18,13 @@ it works with any num_workers.
         for images, labels in loader:
             ...
 
+read_file and pil_loader read a file the cheapest way for any FUSE filesystem: Python before
+3.14 asks isatty() of every file opened with default buffering, an ioctl that Linux sends to the
+filesystem's daemon each time, so on a warm mount it is the only round trip left per file (and
+halves a plain `open(p, "rb").read()` loop). They open unbuffered instead:
+
+    dataset = datasets.ImageFolder("/mnt/dsfs/imagenet-train", loader=dsfs_torch.pil_loader)
+
 Pure Python and torch; nothing here needs the dsfs binary.
 """
 import os
@@ -25,10 +32,26 @@ import os
 from torch.utils.data import RandomSampler, Sampler
 
 __all__ = ["PlanSampler", "write_plan", "find_mount", "is_dsfs_mount", "NotADsfsMount",
-           "PLAN_FILE", "STATS_FILE"]
+           "read_file", "pil_loader", "PLAN_FILE", "STATS_FILE"]
 
 PLAN_FILE = os.path.join(".dsfs", "plan")
 STATS_FILE = os.path.join(".dsfs", "stats.json")
+
+
+def read_file(path):
+    """The whole file as bytes, as `open(path, "rb").read()` but without its isatty() ioctl."""
+    with open(path, "rb", buffering=0) as f:
+        return f.readall()
+
+
+def pil_loader(path):
+    """torchvision's default image loader (RGB PIL image) reading through read_file."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(read_file(path))) as image:
+        return image.convert("RGB")
 
 
 class NotADsfsMount(ValueError):
