@@ -24,48 +24,6 @@
 namespace dsfs::fs {
 namespace {
 
-// Data and tree are immutable for a mount's snapshot, so the kernel may cache them for a day.
-constexpr double kImmutableTimeout = 86400.0;
-constexpr blksize_t kPreferredIoSize = 128 * 1024;
-// What directories report as their size, as on most local filesystems (du counts them).
-constexpr off_t kDirectorySize = 4096;
-
-constexpr std::string_view kUserXattrPrefix = "user.";
-constexpr std::string_view kLabelXattr = "user.dsfs.label";
-constexpr std::string_view kClassXattr = "user.dsfs.class";
-constexpr std::string_view kMetaXattr = "user.dsfs.meta";
-
-timespec to_timespec(int64_t unix_ns) {
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(unix_ns / 1'000'000'000);
-  ts.tv_nsec = static_cast<long>(unix_ns % 1'000'000'000);
-  if (ts.tv_nsec < 0) {
-    ts.tv_nsec += 1'000'000'000;
-    ts.tv_sec -= 1;
-  }
-  return ts;
-}
-
-void set_times(struct stat& st, int64_t unix_ns) {
-  st.st_mtim = st.st_atim = st.st_ctim = to_timespec(unix_ns);
-}
-
-// Read-only views of the ingested permission bits: write and set-id bits cleared, and the
-// owner can always read (and enter directories).
-mode_t file_permissions(uint32_t ingested) {
-  const mode_t bits = ingested & 0555;
-  return bits == 0 ? 0444 : (bits | 0400);
-}
-mode_t directory_permissions(uint32_t ingested) {
-  const mode_t bits = ingested & 0555;
-  return bits == 0 ? 0555 : (bits | 0500);
-}
-
-// The kernel passes at most this much of an xattr value (XATTR_SIZE_MAX); a longer one cannot
-// be read (E2BIG), so it is not listed either: tools that copy every listed xattr
-// (shutil.copy2, getfattr -d, cp --preserve=xattr) would fail on the file.
-constexpr size_t kMaxXattrValue = XATTR_SIZE_MAX;
-
 // Answers an xattr value or name-list request, honouring the size-probe protocol.
 void reply_xattr_bytes(fuse_req_t req, std::string_view bytes, size_t size) {
   if (size == 0) {
@@ -130,41 +88,40 @@ store::ConnectOptions connect_options(std::chrono::milliseconds timeout) {
 Filesystem::Filesystem(store::RedisEndpoint endpoint,
                        std::vector<prefetch::DatasetSnapshot> datasets, FilesystemOptions options)
     : options_(std::move(options)),
-      datasets_(std::move(datasets)),
+      tree_(std::move(datasets)),
       pool_(std::move(endpoint), options_.connections, connect_options(options_.timeout)),
       cache_(options_.cache_bytes),
       fetcher_(pool_, catalog::KeySchema(options_.ns),
                prefetch::FetcherOptions{.timeout = options_.timeout}),
       reader_(cache_, fetcher_, options_.verify),
-      engine_(cache_, fetcher_, datasets_, pool_.endpoint(), options_.verify,
+      engine_(cache_, fetcher_, tree_.datasets(), pool_.endpoint(), options_.verify,
               prefetch::EngineOptions{.mode = options_.prefetch,
                                       .connections = options_.connections,
                                       .max_inflight = options_.max_inflight,
                                       .connect = connect_options(options_.timeout)}),
       views_(reader_, cache_, options_.view_cache_bytes),
-      mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
-      owner_uid_(getuid()),
-      owner_gid_(getgid()) {
-  if (datasets_.size() > kMaxDatasets) {
-    throw std::invalid_argument(fmt::format("a mount can hold at most {} datasets", kMaxDatasets));
-  }
-  for (uint32_t i = 0; i < datasets_.size(); ++i) {
-    datasets_[i].index = i;
-    if (!datasets_[i].catalog) throw std::invalid_argument("dataset snapshot without a catalogue");
-    if (datasets_[i].name() == kMetaDirName || datasets_[i].name() == kControlDirName ||
-        datasets_[i].name() == kViewsDirName) {
-      throw std::invalid_argument(
-          fmt::format("a dataset named '{}' would hide the mount's own {} directory",
-                      datasets_[i].name(), datasets_[i].name()));
-    }
-    if (!dataset_by_name_.emplace(datasets_[i].name(), i).second) {
-      throw std::invalid_argument(fmt::format("dataset '{}' named twice", datasets_[i].name()));
-    }
-    meta_.push_back(std::make_unique<MetaContents>());
-  }
-  if (datasets_.size() > kMaxViewDatasets) {
+      root_node_(tree_),
+      dataset_node_(tree_, reader_, counters_),
+      meta_node_(tree_, options_.ns),
+      view_node_(tree_, views_),
+      control_node_(
+          tree_, [this] { return stats_json(); }, engine_) {
+  using Kind = InodeRef::Kind;
+  const auto route = [this](Kind kind, Node& node) { nodes_[static_cast<size_t>(kind)] = &node; };
+  route(Kind::kRoot, root_node_);
+  route(Kind::kEntry, dataset_node_);
+  route(Kind::kMetaDir, meta_node_);
+  route(Kind::kMeta, meta_node_);
+  route(Kind::kViewsDir, view_node_);
+  route(Kind::kViewSpec, view_node_);
+  route(Kind::kViewEntry, view_node_);
+  route(Kind::kControlDir, control_node_);
+  route(Kind::kStats, control_node_);
+  route(Kind::kStatsSnapshot, control_node_);
+  route(Kind::kPlan, control_node_);
+  if (tree_.datasets().size() > kMaxViewDatasets) {
     spdlog::warn("only the first {} of {} datasets appear under {}", kMaxViewDatasets,
-                 datasets_.size(), kViewsDirName);
+                 tree_.datasets().size(), kViewsDirName);
   }
   if (options_.prefetch != prefetch::PrefetchMode::kOff) reader_.set_engine(&engine_);
 }
@@ -189,59 +146,10 @@ void Filesystem::start_views() {
       options_.view_max_pixels, options_.view_render_memory_bytes >> 20,
       ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
   // Plans may name view files; they stand for their source images.
-  engine_.set_plan_line_mapper(
-      [this](std::string_view line) { return views_.plan_source_path(line, datasets_); });
-  views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
-}
-
-const std::string& Filesystem::meta_content(uint32_t dataset, MetaFile file) {
-  const auto slot = static_cast<size_t>(file);
-  MetaContents& contents = *meta_[dataset];
-  std::call_once(contents.once[slot], [&] {
-    const prefetch::DatasetSnapshot& d = datasets_[dataset];
-    switch (file) {
-      case MetaFile::kInfo:
-        contents.text[slot] = render_info_json(d, options_.ns);
-        break;
-      case MetaFile::kClasses:
-        contents.text[slot] = render_classes_txt(*d.catalog);
-        break;
-      case MetaFile::kLabels:
-        contents.text[slot] = render_labels_csv(*d.catalog);
-        break;
-      case MetaFile::kMetadata:
-        contents.text[slot] = render_metadata_jsonl(*d.catalog);
-        break;
-      case MetaFile::kDirectory:
-        break;
-    }
+  engine_.set_plan_line_mapper([this](std::string_view line) {
+    return views_.plan_source_path(line, tree_.datasets());
   });
-  return contents.text[slot];
-}
-
-uint64_t Filesystem::new_stats_snapshot() {
-  auto snapshot = std::make_shared<const std::string>(stats_json());
-  MutexLock lock(stats_snapshots_mutex_);
-  const uint64_t ino = ++last_stats_snapshot_;
-  stats_snapshots_.emplace(ino, CountedSnapshot{std::move(snapshot), 1});
-  return ino;
-}
-
-Filesystem::StatsSnapshot Filesystem::stats_snapshot(uint64_t ino) const {
-  MutexLock lock(stats_snapshots_mutex_);
-  const auto it = stats_snapshots_.find(ino);
-  return it == stats_snapshots_.end() ? nullptr : it->second.text;
-}
-
-void Filesystem::forget_stats_snapshot(uint64_t ino, uint64_t lookups) {
-  MutexLock lock(stats_snapshots_mutex_);
-  const auto it = stats_snapshots_.find(ino);
-  if (it == stats_snapshots_.end()) return;
-  if (it->second.lookups <= lookups) {
-    stats_snapshots_.erase(it);
-  } else {
-    it->second.lookups -= lookups;
-  }
+  views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
 }
 
 std::string Filesystem::stats_json() const {
@@ -253,14 +161,15 @@ std::string Filesystem::stats_json() const {
       .views = views_.stats(),
       .reads = reader_.stats(),
       .prefetch = engine_.stats(),
-      .datasets = datasets_,
+      .datasets = tree_.datasets(),
       .started = started_,
       .redis_endpoint = pool_.endpoint().describe(),
       .ns = options_.ns,
   });
 }
 
-// The request handlers. Every one answers its request exactly once, exceptions included.
+// The request handlers: decode the inode, ask its kind's Node, reply. Every one answers its
+// request exactly once, exceptions included.
 struct Handlers {
   static Filesystem& self(fuse_req_t req) {
     return *static_cast<Filesystem*>(fuse_req_userdata(req));
@@ -298,270 +207,32 @@ struct Handlers {
     fuse_reply_err(req, error);
   }
 
-  // The dataset and entry an inode names, if it names an existing one.
-  static const prefetch::DatasetSnapshot* dataset_of(Filesystem& fs, const InodeRef& ref) {
-    if (ref.dataset >= fs.datasets_.size()) return nullptr;
-    const prefetch::DatasetSnapshot& d = fs.datasets_[ref.dataset];
-    if (ref.kind == InodeRef::Kind::kEntry && ref.entry >= d.catalog->entry_count()) return nullptr;
-    return &d;
-  }
-
-  // What a .views/SPEC/NAME/... inode names, if it exists: a directory, or an image file.
-  struct ViewTarget {
-    const ViewRegistry::Slot* slot = nullptr;
-    const prefetch::DatasetSnapshot* dataset = nullptr;
-    const catalog::CatalogEntry* entry = nullptr;
-    explicit operator bool() const { return entry != nullptr; }
+  // The inode `ino` names and the node answering for it (nullptr: it names nothing).
+  struct Target {
+    InodeRef ref;
+    Node* node = nullptr;
   };
-  static ViewTarget view_target(Filesystem& fs, const InodeRef& ref) {
-    if (ref.kind != InodeRef::Kind::kViewEntry) return {};
-    const ViewRegistry::Slot* slot = fs.views_.registry().slot(ref.view_slot);
-    if (!slot || ref.dataset >= fs.datasets_.size()) return {};
-    const prefetch::DatasetSnapshot& d = fs.datasets_[ref.dataset];
-    if (ref.entry >= d.catalog->entry_count()) return {};
-    const catalog::CatalogEntry& e = d.catalog->entry(ref.entry);
-    if (!e.is_dir && !is_image_name(d.catalog->name(ref.entry))) return {};
-    return ViewTarget{slot, &d, &e};
-  }
-
-  // The name and inode under which child `index` of a .views directory is listed; nullopt for a
-  // file that is not an image, and for an image whose .npy name a sibling directory already has
-  // (lookup finds the directory).
-  static std::optional<std::pair<std::string, uint64_t>> view_child(const InodeRef& dir,
-                                                                    const ViewTarget& target,
-                                                                    uint32_t index) {
-    const catalog::Catalog& catalog = *target.dataset->catalog;
-    const std::string_view name = catalog.name(index);
-    if (catalog.entry(index).is_dir) {
-      return std::pair{std::string(name), view_entry_inode(dir.view_slot, dir.dataset, index)};
-    }
-    if (!is_image_name(name)) return std::nullopt;
-    std::string view_name = view_file_name(name);
-    if (const auto same = catalog.lookup(dir.entry, view_name);
-        same && catalog.entry(*same).is_dir) {
-      return std::nullopt;
-    }
-    return std::pair{std::move(view_name),
-                     view_entry_inode(target.slot->canonical, dir.dataset, index)};
-  }
-
-  static void stat_entry(Filesystem& fs, const prefetch::DatasetSnapshot& d, uint32_t index,
-                         struct stat& st) {
-    stat_catalog_entry(fs, d, index, entry_inode(d.index, index), std::nullopt, st);
-  }
-
-  // Attributes of catalogue entry `index` shown as inode `ino`: the entry's own, or for a view
-  // file the size of its .npy (`view_size`).
-  static void stat_catalog_entry(Filesystem& fs, const prefetch::DatasetSnapshot& d, uint32_t index,
-                                 uint64_t ino, std::optional<uint64_t> view_size, struct stat& st) {
-    const catalog::Catalog& catalog = *d.catalog;
-    const catalog::CatalogEntry& e = catalog.entry(index);
-    st.st_ino = ino;
-    st.st_uid = fs.owner_uid_;
-    st.st_gid = fs.owner_gid_;
-    st.st_blksize = kPreferredIoSize;
-    set_times(st, e.mtime_ns);
-    if (e.is_dir) {
-      st.st_mode = S_IFDIR | directory_permissions(e.mode);
-      nlink_t subdirectories = 0;
-      for (uint32_t c = e.first_child; c < e.first_child + e.child_count; ++c) {
-        subdirectories += catalog.entry(c).is_dir;
-      }
-      st.st_nlink = 2 + subdirectories;
-      st.st_size = kDirectorySize;
-      st.st_blocks = kDirectorySize / 512;
-    } else {
-      const uint64_t size = view_size.value_or(e.size);
-      st.st_mode = S_IFREG | file_permissions(e.mode);
-      st.st_nlink = 1;
-      st.st_size = static_cast<off_t>(size);
-      st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
-    }
-  }
-
-  static void stat_virtual(Filesystem& fs, uint64_t ino, mode_t mode, nlink_t nlink, uint64_t size,
-                           int64_t mtime_unix, struct stat& st) {
-    st.st_ino = ino;
-    st.st_mode = mode;
-    st.st_nlink = nlink;
-    st.st_uid = fs.owner_uid_;
-    st.st_gid = fs.owner_gid_;
-    st.st_size = static_cast<off_t>(size);
-    st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
-    st.st_blksize = kPreferredIoSize;
-    set_times(st, mtime_unix * 1'000'000'000);
-  }
-
-  // Attributes of any inode; false if it names nothing. `timeout` is how long they may be cached.
-  static bool stat_inode(Filesystem& fs, uint64_t ino, struct stat& st, double& timeout) {
-    st = {};
-    timeout = kImmutableTimeout;
+  static Target target(Filesystem& fs, uint64_t ino) {
     const InodeRef ref = decode_inode(ino);
-    const auto dataset_count = static_cast<nlink_t>(fs.datasets_.size());
-    switch (ref.kind) {
-      case InodeRef::Kind::kInvalid:
-        return false;
-      case InodeRef::Kind::kRoot:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + 3 + dataset_count, kDirectorySize,
-                     fs.mounted_unix_, st);
-        return true;
-      case InodeRef::Kind::kViewsDir:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + fs.views_.registry().preset_count(),
-                     kDirectorySize, fs.mounted_unix_, st);
-        return true;
-      case InodeRef::Kind::kViewSpec:
-        if (!fs.views_.registry().slot(ref.view_slot)) return false;
-        stat_virtual(fs, ino, S_IFDIR | 0555,
-                     2 + std::min<nlink_t>(dataset_count, kMaxViewDatasets), kDirectorySize,
-                     fs.mounted_unix_, st);
-        return true;
-      case InodeRef::Kind::kViewEntry: {
-        const ViewTarget target = view_target(fs, ref);
-        if (!target) return false;
-        stat_catalog_entry(
-            fs, *target.dataset, ref.entry, ino,
-            target.entry->is_dir ? std::nullopt : std::optional(target.slot->file_size), st);
-        return true;
-      }
-      case InodeRef::Kind::kMetaDir:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2 + dataset_count, kDirectorySize, fs.mounted_unix_,
-                     st);
-        return true;
-      case InodeRef::Kind::kControlDir:
-        stat_virtual(fs, ino, S_IFDIR | 0555, 2, kDirectorySize, fs.mounted_unix_, st);
-        return true;
-      case InodeRef::Kind::kPlan:
-        // Write-only for the owner, and its size changes with every write.
-        timeout = 0;
-        stat_virtual(fs, ino, S_IFREG | 0200, 1, fs.engine_.plan_size(), std::time(nullptr), st);
-        return true;
-      case InodeRef::Kind::kStats:
-        // Only a name: lookups answer with a snapshot inode, so nothing reads this one.
-        timeout = 0;
-        stat_virtual(fs, ino, S_IFREG | 0444, 1, 0, std::time(nullptr), st);
-        return true;
-      case InodeRef::Kind::kStatsSnapshot: {
-        const Filesystem::StatsSnapshot snapshot = fs.stats_snapshot(ino);
-        if (!snapshot) return false;
-        stat_virtual(fs, ino, S_IFREG | 0444, 1, snapshot->size(), std::time(nullptr), st);
-        return true;
-      }
-      case InodeRef::Kind::kMeta: {
-        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
-        if (!d) return false;
-        if (ref.meta == MetaFile::kDirectory) {
-          stat_virtual(fs, ino, S_IFDIR | 0555, 2, kDirectorySize, d->info.created_unix, st);
-        } else {
-          const uint64_t size = fs.meta_content(ref.dataset, ref.meta).size();
-          stat_virtual(fs, ino, S_IFREG | 0444, 1, size, d->info.created_unix, st);
-        }
-        return true;
-      }
-      case InodeRef::Kind::kEntry: {
-        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
-        if (!d) return false;
-        stat_entry(fs, *d, ref.entry, st);
-        return true;
-      }
-    }
-    return false;
+    return {ref, fs.node(ref.kind)};
   }
 
-  static bool is_directory(const InodeRef& ref, Filesystem& fs) {
-    switch (ref.kind) {
-      case InodeRef::Kind::kRoot:
-      case InodeRef::Kind::kMetaDir:
-      case InodeRef::Kind::kControlDir:
-      case InodeRef::Kind::kViewsDir:
-        return true;
-      case InodeRef::Kind::kViewSpec:
-        return fs.views_.registry().slot(ref.view_slot) != nullptr;
-      case InodeRef::Kind::kViewEntry: {
-        const ViewTarget target = view_target(fs, ref);
-        return target && target.entry->is_dir;
-      }
-      case InodeRef::Kind::kMeta:
-        return ref.meta == MetaFile::kDirectory;
-      case InodeRef::Kind::kEntry: {
-        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
-        return d && d->catalog->entry(ref.entry).is_dir;
-      }
-      default:
-        return false;
-    }
+  static std::optional<Attributes> stat(Filesystem& fs, uint64_t ino) {
+    const Target t = target(fs, ino);
+    return t.node ? t.node->stat(t.ref) : std::nullopt;
   }
 
-  // The child of directory `parent` called `name`: its inode, or 0 if there is none.
-  static uint64_t find_child(Filesystem& fs, uint64_t parent, std::string_view name) {
-    const InodeRef ref = decode_inode(parent);
-    switch (ref.kind) {
-      case InodeRef::Kind::kRoot: {
-        if (name == kMetaDirName) return kMetaDirInode;
-        if (name == kControlDirName) return kControlDirInode;
-        if (name == kViewsDirName) return kViewsDirInode;
-        const auto it = fs.dataset_by_name_.find(std::string(name));
-        return it == fs.dataset_by_name_.end() ? 0 : entry_inode(it->second, catalog::kRootIndex);
-      }
-      case InodeRef::Kind::kMetaDir: {
-        const auto it = fs.dataset_by_name_.find(std::string(name));
-        return it == fs.dataset_by_name_.end() ? 0 : meta_inode(it->second, MetaFile::kDirectory);
-      }
-      case InodeRef::Kind::kControlDir:
-        if (name == kPlanFileName) return kPlanInode;
-        return name == kStatsFileName ? kStatsInode : 0;
-      case InodeRef::Kind::kMeta: {
-        if (ref.meta != MetaFile::kDirectory || !dataset_of(fs, ref)) return 0;
-        const std::optional<MetaFile> file = meta_file_by_name(name);
-        return file ? meta_inode(ref.dataset, *file) : 0;
-      }
-      case InodeRef::Kind::kEntry: {
-        const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
-        if (!d || !d->catalog->entry(ref.entry).is_dir) return 0;
-        const std::optional<uint32_t> child = d->catalog->lookup(ref.entry, name);
-        return child ? entry_inode(ref.dataset, *child) : 0;
-      }
-      case InodeRef::Kind::kViewsDir: {
-        // Any valid SPEC can be entered; an invalid one is ENOENT with the reason in the log
-        // (the kernel caches the miss, so it is logged about once per name).
-        const ViewRegistry::Found found = fs.views_.registry().find_or_add(name);
-        if (!found.slot) {
-          spdlog::warn("{}/{}: {} (ENOENT)", kViewsDirName, store::log_text(name), found.error);
-          return 0;
-        }
-        return view_spec_inode(*found.slot);
-      }
-      case InodeRef::Kind::kViewSpec: {
-        if (!fs.views_.registry().slot(ref.view_slot)) return 0;
-        const auto it = fs.dataset_by_name_.find(std::string(name));
-        if (it == fs.dataset_by_name_.end() || it->second >= kMaxViewDatasets) return 0;
-        return view_entry_inode(ref.view_slot, it->second, catalog::kRootIndex);
-      }
-      case InodeRef::Kind::kViewEntry: {
-        const ViewTarget target = view_target(fs, ref);
-        if (!target || !target.entry->is_dir) return 0;
-        const catalog::Catalog& catalog = *target.dataset->catalog;
-        // A directory keeps its name; an image x.jpg is x.jpg.npy.
-        if (const auto child = catalog.lookup(ref.entry, name);
-            child && catalog.entry(*child).is_dir) {
-          return view_entry_inode(ref.view_slot, ref.dataset, *child);
-        }
-        const std::optional<std::string_view> source = view_source_name(name);
-        if (!source) return 0;
-        const auto child = catalog.lookup(ref.entry, *source);
-        if (!child || catalog.entry(*child).is_dir) return 0;
-        return view_entry_inode(target.slot->canonical, ref.dataset, *child);
-      }
-      default:
-        return 0;
-    }
-  }
-
-  static fuse_entry_param entry_param(Filesystem& fs, uint64_t ino) {
+  static fuse_entry_param entry_param(Filesystem& fs, const Found& found) {
     fuse_entry_param entry{};
-    double timeout = kImmutableTimeout;
-    if (ino != 0 && stat_inode(fs, ino, entry.attr, timeout)) entry.ino = ino;
-    entry.attr_timeout = timeout;
-    entry.entry_timeout = kImmutableTimeout;
+    entry.attr_timeout = kImmutableTimeout;
+    // Names never appear later in a mount, so a miss is cached as long as a hit.
+    entry.entry_timeout = found.cacheable ? kImmutableTimeout : 0;
+    if (found.ino == 0) return entry;
+    if (const std::optional<Attributes> a = stat(fs, found.ino)) {
+      entry.ino = found.ino;
+      entry.attr = a->st;
+      entry.attr_timeout = a->timeout;
+    }
     return entry;
   }
 
@@ -600,31 +271,30 @@ struct Handlers {
 
   static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     guarded(req, Op::kLookup, [&](Filesystem& fs) {
-      uint64_t ino = find_child(fs, parent, name);
-      // Names never appear later in a mount, so a miss is cached as long as a hit.
-      if (ino == 0) fs.counters_.count(ErrorKind::kNotFound);
-      const bool stats_snapshot = ino == kStatsInode;
-      if (stats_snapshot) ino = fs.new_stats_snapshot();
-      fuse_entry_param entry = entry_param(fs, ino);
-      // Every path walk to stats.json comes back here for a fresh snapshot.
-      if (stats_snapshot) entry.entry_timeout = 0;
-      // If the kernel never got the snapshot, no FORGET will come for it.
-      if (fuse_reply_entry(req, &entry) != 0 && stats_snapshot) fs.forget_stats_snapshot(ino, 1);
+      const Target dir = target(fs, parent);
+      const Found found = dir.node ? dir.node->lookup(dir.ref, name) : Found{};
+      if (found.ino == 0) fs.counters_.count(ErrorKind::kNotFound);
+      const fuse_entry_param entry = entry_param(fs, found);
+      // A lookup the kernel never got (the caller gave up) is forgotten here: no FORGET comes.
+      if (fuse_reply_entry(req, &entry) != 0 && entry.ino != 0) {
+        target(fs, entry.ino).node->forget(entry.ino, 1);
+      }
     });
   }
 
   static void getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     guarded(req, Op::kGetattr, [&](Filesystem& fs) {
-      struct stat st {};
-      double timeout = 0;
-      if (!stat_inode(fs, ino, st, timeout)) return fail(fs, req, ENOENT);
-      fuse_reply_attr(req, &st, timeout);
+      const std::optional<Attributes> a = stat(fs, ino);
+      if (!a) return fail(fs, req, ENOENT);
+      fuse_reply_attr(req, &a->st, a->timeout);
     });
   }
 
   static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     guarded(req, Op::kOpen, [&](Filesystem& fs) {
-      if (ino == kPlanInode) {
+      const Target t = target(fs, ino);
+      if (t.ref.kind == InodeRef::Kind::kPlan) {
+        // The one writable file: every write must reach the plan, so no page cache.
         if (fs.no_open_) return (void)fuse_reply_err(req, ENOSYS);
         fi->direct_io = 1;
         return (void)fuse_reply_open(req, fi);
@@ -634,32 +304,8 @@ struct Handlers {
       }
       // See init: this reply makes it the last OPEN the kernel sends.
       if (fs.no_open_) return (void)fuse_reply_err(req, ENOSYS);
-      const InodeRef ref = decode_inode(ino);
-      switch (ref.kind) {
-        case InodeRef::Kind::kStatsSnapshot:
-          if (!fs.stats_snapshot(ino)) return fail(fs, req, ENOENT);
-          break;
-        case InodeRef::Kind::kMeta:
-          if (ref.meta == MetaFile::kDirectory) return fail(fs, req, EISDIR);
-          if (!dataset_of(fs, ref)) return fail(fs, req, ENOENT);
-          break;
-        case InodeRef::Kind::kEntry: {
-          const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
-          if (!d) return fail(fs, req, ENOENT);
-          if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
-          break;
-        }
-        case InodeRef::Kind::kViewEntry: {
-          const ViewTarget target = view_target(fs, ref);
-          if (!target) return fail(fs, req, ENOENT);
-          if (target.entry->is_dir) return fail(fs, req, EISDIR);
-          break;
-        }
-        case InodeRef::Kind::kInvalid:
-          return fail(fs, req, ENOENT);
-        default:
-          return fail(fs, req, EISDIR);
-      }
+      const int error = t.node ? t.node->open(t.ref) : ENOENT;
+      if (error != 0) return fail(fs, req, error);
       // Contents are immutable for the mount: keep the page cache across opens.
       fi->keep_cache = 1;
       fi->noflush = 1;
@@ -670,80 +316,21 @@ struct Handlers {
   static void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
     guarded(req, Op::kRead, [&](Filesystem& fs) {
       if (off < 0) return fail(fs, req, EINVAL);
-      const InodeRef ref = decode_inode(ino);
-      const auto reply_text = [&](std::string_view text) {
-        const auto from = std::min<size_t>(static_cast<size_t>(off), text.size());
-        const size_t length = std::min(size, text.size() - from);
-        fuse_reply_buf(req, text.data() + from, length);
-      };
-      switch (ref.kind) {
-        case InodeRef::Kind::kStatsSnapshot: {
-          // Our own reference: FORGET may drop the snapshot on another thread as soon as the
-          // reader has the bytes, while this thread is still inside fuse_reply_buf.
-          const Filesystem::StatsSnapshot snapshot = fs.stats_snapshot(ino);
-          if (!snapshot) return fail(fs, req, ESTALE);
-          return reply_text(*snapshot);
-        }
-        case InodeRef::Kind::kMeta:
-          if (!dataset_of(fs, ref) || ref.meta == MetaFile::kDirectory) {
-            return fail(fs, req, EISDIR);
-          }
-          return reply_text(fs.meta_content(ref.dataset, ref.meta));
-        case InodeRef::Kind::kViewEntry:
-          return read_view(fs, req, ref, size, static_cast<uint64_t>(off));
-        case InodeRef::Kind::kPlan:
-          return reply_text("");  // write-only: stats.json reports what the plan holds
-        case InodeRef::Kind::kEntry:
-          break;
-        default:
-          return fail(fs, req, EISDIR);
-      }
-      const prefetch::DatasetSnapshot* d = dataset_of(fs, ref);
-      if (!d) return fail(fs, req, ENOENT);
-      if (d->catalog->entry(ref.entry).is_dir) return fail(fs, req, EISDIR);
-
-      if (off == 0) fs.counters_.files_read.fetch_add(1, std::memory_order_relaxed);
-      const std::vector<prefetch::Slice> slices =
-          fs.reader_.read(*d, ref.entry, static_cast<uint64_t>(off), size);
-      std::vector<iovec> iov;
-      iov.reserve(slices.size());
-      size_t total = 0;
-      for (const prefetch::Slice& s : slices) {
-        // The kernel only reads these bytes; fuse_reply_iov takes non-const pointers.
-        iov.push_back(iovec{const_cast<char*>(s.buffer->bytes().data() + s.offset), s.length});
-        total += s.length;
-      }
-      fs.counters_.bytes_read.fetch_add(total, std::memory_order_relaxed);
-      if (iov.empty()) {
-        fuse_reply_buf(req, nullptr, 0);
-        return;
-      }
-      fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+      const Target t = target(fs, ino);
+      if (!t.node) return fail(fs, req, ENOENT);
+      ReadReply reply;
+      const int error = t.node->read(t.ref, static_cast<uint64_t>(off), size, reply);
+      if (error != 0) return fail(fs, req, error);
+      if (reply.pieces.empty()) return (void)fuse_reply_buf(req, nullptr, 0);
+      // reply.owners keeps the bytes alive until the kernel has them.
+      fuse_reply_iov(req, reply.pieces.data(), static_cast<int>(reply.pieces.size()));
     });
   }
 
-  // A READ of a .views file: the header straight from the spec; anything past it from the
-  // rendered file (rendered on the first such READ, then cached for the others).
-  static void read_view(Filesystem& fs, fuse_req_t req, const InodeRef& ref, size_t size,
-                        uint64_t off) {
-    const ViewTarget target = view_target(fs, ref);
-    if (!target) return fail(fs, req, ENOENT);
-    if (target.entry->is_dir) return fail(fs, req, EISDIR);
-    const ViewRegistry::Slot& slot = *target.slot;
-    if (off >= slot.file_size || size == 0) return (void)fuse_reply_buf(req, nullptr, 0);
-    const size_t length = static_cast<size_t>(std::min<uint64_t>(size, slot.file_size - off));
-    const prefetch::ObjectBuffer file =
-        fs.views_.read(*target.dataset, ref.entry, slot.canonical, off, length);
-    if (!file) return (void)fuse_reply_buf(req, slot.header.data() + off, length);
-    fuse_reply_buf(req, file->bytes().data() + off, length);
-  }
-
-  // Inodes are computed, not stored; only stats.json snapshots have lookups to count.
   static void forget_one(Filesystem& fs, uint64_t ino, uint64_t lookups) {
     fs.counters_.count(Op::kForget);
-    if (decode_inode(ino).kind == InodeRef::Kind::kStatsSnapshot) {
-      fs.forget_stats_snapshot(ino, lookups);
-    }
+    const Target t = target(fs, ino);
+    if (t.node) t.node->forget(ino, lookups);
   }
 
   static void forget(fuse_req_t req, fuse_ino_t ino, uint64_t lookups) {
@@ -761,15 +348,9 @@ struct Handlers {
     guarded(req, Op::kOpendir, [&](Filesystem& fs) {
       // See init: this reply makes it the last OPENDIR the kernel sends; READDIR checks the inode.
       if (fs.no_opendir_) return (void)fuse_reply_err(req, ENOSYS);
-      const InodeRef ref = decode_inode(ino);
-      if (ref.kind == InodeRef::Kind::kInvalid ||
-          ((ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kMeta) &&
-           !dataset_of(fs, ref)) ||
-          (ref.kind == InodeRef::Kind::kViewSpec && !fs.views_.registry().slot(ref.view_slot)) ||
-          (ref.kind == InodeRef::Kind::kViewEntry && !view_target(fs, ref))) {
-        return fail(fs, req, ENOENT);
-      }
-      if (!is_directory(ref, fs)) return fail(fs, req, ENOTDIR);
+      const Target t = target(fs, ino);
+      if (!t.node || !t.node->stat(t.ref)) return fail(fs, req, ENOENT);
+      if (!t.node->is_directory(t.ref)) return fail(fs, req, ENOTDIR);
       // Listings never change under a mount.
       fi->cache_readdir = 1;
       fi->keep_cache = 1;
@@ -777,140 +358,80 @@ struct Handlers {
     });
   }
 
-  // Lists directory `ino` from position `off` (0 ".", 1 "..", 2... the children).
-  static void list(Filesystem& fs, fuse_req_t req, fuse_ino_t ino, off_t off,
-                   DirectoryBuffer& out) {
-    const InodeRef ref = decode_inode(ino);
-    uint64_t parent = kRootInode;
-    std::vector<std::pair<std::string, uint64_t>> fixed;  // children of the virtual directories
-    const auto is_dir_inode = [&](uint64_t child) { return is_directory(decode_inode(child), fs); };
-    const prefetch::DatasetSnapshot* d = nullptr;  // a catalogue directory (in a view or not)
-    ViewTarget view;                               // set for a directory under .views/SPEC/NAME
-    switch (ref.kind) {
-      case InodeRef::Kind::kRoot:
-        fixed.emplace_back(kControlDirName, kControlDirInode);
-        fixed.emplace_back(kMetaDirName, kMetaDirInode);
-        fixed.emplace_back(kViewsDirName, kViewsDirInode);
-        for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
-          fixed.emplace_back(ds.name(), entry_inode(ds.index, catalog::kRootIndex));
-        }
-        break;
-      case InodeRef::Kind::kMetaDir:
-        for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
-          fixed.emplace_back(ds.name(), meta_inode(ds.index, MetaFile::kDirectory));
-        }
-        break;
-      case InodeRef::Kind::kControlDir:
-        fixed.emplace_back(kStatsFileName, kStatsInode);
-        fixed.emplace_back(kPlanFileName, kPlanInode);
-        break;
-      case InodeRef::Kind::kMeta:
-        if (!dataset_of(fs, ref) || ref.meta != MetaFile::kDirectory) {
-          return fail(fs, req, ENOTDIR);
-        }
-        parent = kMetaDirInode;
-        for (const MetaFile file : kMetaFiles) {
-          fixed.emplace_back(meta_file_name(file), meta_inode(ref.dataset, file));
-        }
-        break;
-      case InodeRef::Kind::kEntry: {
-        d = dataset_of(fs, ref);
-        if (!d) return fail(fs, req, ENOENT);
-        const catalog::CatalogEntry& e = d->catalog->entry(ref.entry);
-        if (!e.is_dir) return fail(fs, req, ENOTDIR);
-        parent = ref.entry == catalog::kRootIndex ? kRootInode : entry_inode(ref.dataset, e.parent);
-        break;
-      }
-      case InodeRef::Kind::kViewsDir: {
-        // The presets; any other valid SPEC is entered by name.
-        const ViewRegistry& registry = fs.views_.registry();
-        for (uint32_t slot = 0; slot < registry.preset_count(); ++slot) {
-          fixed.emplace_back(registry.slot(slot)->name, view_spec_inode(slot));
-        }
-        break;
-      }
-      case InodeRef::Kind::kViewSpec:
-        if (!fs.views_.registry().slot(ref.view_slot)) return fail(fs, req, ENOENT);
-        parent = kViewsDirInode;
-        for (const prefetch::DatasetSnapshot& ds : fs.datasets_) {
-          if (ds.index >= kMaxViewDatasets) break;
-          fixed.emplace_back(ds.name(),
-                             view_entry_inode(ref.view_slot, ds.index, catalog::kRootIndex));
-        }
-        break;
-      case InodeRef::Kind::kViewEntry: {
-        view = view_target(fs, ref);
-        if (!view) return fail(fs, req, ENOENT);
-        if (!view.entry->is_dir) return fail(fs, req, ENOTDIR);
-        d = view.dataset;
-        parent = ref.entry == catalog::kRootIndex
-                     ? view_spec_inode(ref.view_slot)
-                     : view_entry_inode(ref.view_slot, ref.dataset, view.entry->parent);
-        break;
-      }
-      default:
-        return fail(fs, req, ENOENT);
+  // Fills a READDIR(PLUS) reply of at most `size` bytes; "." and ".." are offsets 0 and 1, a
+  // node's child at position p is offset p + 2.
+  class DirectoryReply final : public DirectorySink {
+   public:
+    DirectoryReply(Filesystem& fs, fuse_req_t req, size_t size, bool plus)
+        : fs_(fs), req_(req), buf_(size), plus_(plus) {}
+
+    bool add(std::string_view name, uint64_t ino, uint64_t position, bool cacheable) override {
+      return add_at_offset(name, ino, position + 2, cacheable);
     }
 
-    const uint64_t child_count =
-        d ? d->catalog->entry(ref.entry).child_count : static_cast<uint64_t>(fixed.size());
-    std::string view_name;  // storage for a listed .npy name
-    for (uint64_t position = static_cast<uint64_t>(off); position < 2 + child_count; ++position) {
-      std::string_view name;
-      uint64_t child_ino = 0;
-      if (position == 0) {
-        name = ".";
-        child_ino = ino;
-      } else if (position == 1) {
-        name = "..";
-        child_ino = parent;
-      } else if (view) {
-        const uint32_t index =
-            d->catalog->entry(ref.entry).first_child + static_cast<uint32_t>(position - 2);
-        auto child = view_child(ref, view, index);
-        if (!child) continue;  // not an image: not in the view
-        view_name = std::move(child->first);
-        name = view_name;
-        child_ino = child->second;
-      } else if (d) {
-        const uint32_t index =
-            d->catalog->entry(ref.entry).first_child + static_cast<uint32_t>(position - 2);
-        name = d->catalog->name(index);
-        child_ino = entry_inode(ref.dataset, index);
-      } else {
-        name = fixed[position - 2].first;
-        child_ino = fixed[position - 2].second;
-      }
+    bool add_at_offset(std::string_view name, uint64_t ino, uint64_t offset, bool cacheable) {
       fuse_entry_param entry{};
-      double timeout = kImmutableTimeout;
-      if (out.plus()) {
-        if (!stat_inode(fs, child_ino, entry.attr, timeout)) continue;
+      entry.entry_timeout = kImmutableTimeout;
+      if (plus_) {
+        const std::optional<Attributes> a = stat(fs_, ino);
+        if (!a) return true;  // vanished: not listed
+        entry.attr = a->st;
+        entry.attr_timeout = a->timeout;
+        // An entry the kernel must look up itself (ino 0 caches nothing).
+        entry.ino = cacheable ? ino : 0;
       } else {
         // Plain readdir only needs the inode and the file type.
-        entry.attr.st_ino = child_ino;
-        entry.attr.st_mode = position < 2 || is_dir_inode(child_ino) ? S_IFDIR : S_IFREG;
+        const Target t = target(fs_, ino);
+        entry.attr.st_ino = ino;
+        entry.attr.st_mode = t.node && t.node->is_directory(t.ref) ? S_IFDIR : S_IFREG;
       }
-      // A stats.json entry must not be cached: only a lookup hands out its snapshot inode.
-      entry.ino = out.plus() && child_ino == kStatsInode ? 0 : child_ino;
-      entry.attr_timeout = timeout;
-      entry.entry_timeout = kImmutableTimeout;
-      if (!out.add(name, entry, static_cast<off_t>(position + 1))) break;
+      const std::string name_z(name);
+      char* at = buf_.data() + used_;
+      const size_t room = buf_.size() - used_;
+      const auto next = static_cast<off_t>(offset + 1);
+      const size_t need =
+          plus_ ? fuse_add_direntry_plus(req_, at, room, name_z.c_str(), &entry, next)
+                : fuse_add_direntry(req_, at, room, name_z.c_str(), &entry.attr, next);
+      if (need > room) return false;
+      used_ += need;
+      return true;
+    }
+
+    void reply() { fuse_reply_buf(req_, buf_.data(), used_); }
+
+   private:
+    Filesystem& fs_;
+    fuse_req_t req_;
+    std::vector<char> buf_;
+    size_t used_ = 0;
+    bool plus_;
+  };
+
+  // Lists directory `ino` from offset `off`.
+  static void list(Filesystem& fs, fuse_req_t req, fuse_ino_t ino, off_t off, size_t size,
+                   bool plus) {
+    const Target t = target(fs, ino);
+    if (!t.node || !t.node->stat(t.ref)) return fail(fs, req, ENOENT);
+    if (!t.node->is_directory(t.ref)) return fail(fs, req, ENOTDIR);
+    DirectoryReply out(fs, req, size, plus);
+    bool room = true;
+    if (off <= 0) room = out.add_at_offset(".", ino, 0, true);
+    if (room && off <= 1) room = out.add_at_offset("..", t.node->parent(t.ref), 1, true);
+    if (room) {
+      const uint64_t from = off <= 2 ? 0 : static_cast<uint64_t>(off) - 2;
+      if (const int error = t.node->list(t.ref, from, out); error != 0) {
+        return fail(fs, req, error);
+      }
     }
     out.reply();
   }
 
   static void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-    guarded(req, Op::kReaddir, [&](Filesystem& fs) {
-      DirectoryBuffer out(req, size, /*plus=*/false);
-      list(fs, req, ino, off, out);
-    });
+    guarded(req, Op::kReaddir, [&](Filesystem& fs) { list(fs, req, ino, off, size, false); });
   }
 
   static void readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-    guarded(req, Op::kReaddirplus, [&](Filesystem& fs) {
-      DirectoryBuffer out(req, size, /*plus=*/true);
-      list(fs, req, ino, off, out);
-    });
+    guarded(req, Op::kReaddirplus, [&](Filesystem& fs) { list(fs, req, ino, off, size, true); });
   }
 
   static void releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
@@ -923,7 +444,7 @@ struct Handlers {
       struct statvfs st {};
       uint64_t bytes = 0;
       uint64_t entries = 4;
-      for (const prefetch::DatasetSnapshot& d : fs.datasets_) {
+      for (const prefetch::DatasetSnapshot& d : fs.tree_.datasets()) {
         bytes += d.catalog->total_bytes();
         entries += d.catalog->entry_count() + 1 + std::size(kMetaFiles);
       }
@@ -936,28 +457,6 @@ struct Handlers {
     });
   }
 
-  // The value of a dsfs xattr of a dataset file, if it has one.
-  static std::optional<std::string> xattr_value(const prefetch::DatasetSnapshot& d, uint32_t entry,
-                                                std::string_view name) {
-    const catalog::Catalog& catalog = *d.catalog;
-    const catalog::CatalogEntry& e = catalog.entry(entry);
-    if (e.is_dir) return std::nullopt;
-    if (name == kLabelXattr && e.label != catalog::kNoLabel) return std::to_string(e.label);
-    if (name == kClassXattr && e.label < catalog.classes().size()) {
-      return catalog.classes()[e.label];
-    }
-    if (name == kMetaXattr && !catalog.metadata(entry).empty()) {
-      return std::string(catalog.metadata(entry));
-    }
-    return std::nullopt;
-  }
-
-  // The dataset of an entry or view entry (a view file carries its image's label and metadata).
-  static const prefetch::DatasetSnapshot* xattr_dataset(Filesystem& fs, const InodeRef& ref) {
-    if (ref.kind == InodeRef::Kind::kViewEntry) return view_target(fs, ref).dataset;
-    return dataset_of(fs, ref);
-  }
-
   static void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     guarded(req, Op::kGetxattr, [&](Filesystem& fs) {
       // Only user.* attributes exist here. EOPNOTSUPP, not ENODATA, for the others (ACLs,
@@ -966,34 +465,20 @@ struct Handlers {
       if (!std::string_view(name).starts_with(kUserXattrPrefix)) {
         return fail(fs, req, EOPNOTSUPP);
       }
-      const InodeRef ref = decode_inode(ino);
-      std::optional<std::string> value;
-      if (ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kViewEntry) {
-        const prefetch::DatasetSnapshot* d = xattr_dataset(fs, ref);
-        if (!d) return fail(fs, req, ENOENT);
-        value = xattr_value(*d, ref.entry, name);
-      }
-      if (!value) return fail(fs, req, ENODATA);
-      if (value->size() > kMaxXattrValue) return fail(fs, req, E2BIG);
-      reply_xattr_bytes(req, *value, size);
+      const Target t = target(fs, ino);
+      std::string value;
+      const int error = t.node ? t.node->xattr(t.ref, name, value) : ENOENT;
+      if (error != 0) return fail(fs, req, error);
+      reply_xattr_bytes(req, value, size);
     });
   }
 
   static void listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     guarded(req, Op::kListxattr, [&](Filesystem& fs) {
-      const InodeRef ref = decode_inode(ino);
+      const Target t = target(fs, ino);
       std::string names;  // each name NUL-terminated
-      if (ref.kind == InodeRef::Kind::kEntry || ref.kind == InodeRef::Kind::kViewEntry) {
-        const prefetch::DatasetSnapshot* d = xattr_dataset(fs, ref);
-        if (!d) return fail(fs, req, ENOENT);
-        for (const std::string_view name : {kLabelXattr, kClassXattr, kMetaXattr}) {
-          if (const auto value = xattr_value(*d, ref.entry, name);
-              value && value->size() <= kMaxXattrValue) {
-            names += name;
-            names += '\0';
-          }
-        }
-      }
+      const int error = t.node ? t.node->xattr_names(t.ref, names) : ENOENT;
+      if (error != 0) return fail(fs, req, error);
       reply_xattr_bytes(req, names, size);
     });
   }
@@ -1012,33 +497,33 @@ struct Handlers {
     guarded(req, Op::kFlush, [&](Filesystem&) { fuse_reply_err(req, ENOSYS); });
   }
 
-  // .dsfs/plan: writing at 0 replaces the plan, at its end extends it.
   static void write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
                     fuse_file_info*) {
     guarded(req, Op::kWrite, [&](Filesystem& fs) {
-      if (ino != kPlanInode) return fail(fs, req, EROFS);
       if (off < 0) return fail(fs, req, EINVAL);
-      const int error =
-          fs.engine_.plan_write(static_cast<uint64_t>(off), std::string_view(data, size));
+      const Target t = target(fs, ino);
+      const int error = t.node ? t.node->write(t.ref, static_cast<uint64_t>(off),
+                                               std::string_view(data, size))
+                               : EROFS;
       if (error != 0) return fail(fs, req, error);
       fuse_reply_write(req, size);
     });
   }
 
-  // Only truncating .dsfs/plan (O_TRUNC, truncate(1)); times and modes are not stored.
+  // Only truncation, and only of a writable file (O_TRUNC, truncate(1)); times and modes are not
+  // stored.
   static void setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                       fuse_file_info*) {
     guarded(req, Op::kWrite, [&](Filesystem& fs) {
-      if (ino != kPlanInode) return fail(fs, req, EROFS);
+      const Target t = target(fs, ino);
+      if (t.ref.kind != InodeRef::Kind::kPlan) return fail(fs, req, EROFS);
       if (to_set & FUSE_SET_ATTR_SIZE) {
         if (attr->st_size < 0) return fail(fs, req, EINVAL);
-        const int error = fs.engine_.plan_truncate(static_cast<uint64_t>(attr->st_size));
+        const int error = t.node->truncate(t.ref, static_cast<uint64_t>(attr->st_size));
         if (error != 0) return fail(fs, req, error);
       }
-      struct stat st {};
-      double timeout = 0;
-      stat_inode(fs, ino, st, timeout);
-      fuse_reply_attr(req, &st, 0);
+      const std::optional<Attributes> a = t.node->stat(t.ref);
+      fuse_reply_attr(req, &a->st, 0);
     });
   }
 

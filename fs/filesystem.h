@@ -5,13 +5,17 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cuda/backend.h"
 #include "fs/inodes.h"
+#include "fs/node.h"
+#include "fs/nodes/control_node.h"
+#include "fs/nodes/dataset_node.h"
+#include "fs/nodes/meta_node.h"
+#include "fs/nodes/root_node.h"
+#include "fs/nodes/view_node.h"
 #include "fs/stats.h"
 #include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
@@ -20,7 +24,6 @@
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "src/store/pool.h"
-#include "src/store/thread_annotations.h"
 
 struct fuse_lowlevel_ops;
 
@@ -51,15 +54,19 @@ struct FilesystemOptions {
   size_t max_inflight = 0;  // 0: derived from the cache size
 };
 
+// The FUSE request handlers (filesystem.cpp) are thin glue: they decode an inode, ask the Node
+// of its kind (fs/node.h, fs/nodes/) and turn the answer into a reply. This class owns the read
+// path and one instance of each node kind.
+//
 // Thread safety: the FUSE session calls its handlers from many worker threads at once; every
-// member it reaches synchronizes itself (pool, cache, fetcher, reader, engine, views: see their
-// headers; counters_ are atomics; datasets_, dataset_by_name_ and meta_ are immutable after
-// construction). stats_snapshots_mutex_ guards stats_snapshots_ and last_stats_snapshot_.
-// no_open_ and no_opendir_ are written once by init, before any other request.
+// member it reaches synchronizes itself (pool, cache, fetcher, reader, engine, views and the
+// nodes: see their headers; counters_ are atomics; tree_ is immutable). no_open_ and
+// no_opendir_ are written once by init, before any other request.
 class Filesystem {
  public:
   // Connections are made on the first read, never here, so a Filesystem can be built before
-  // the mount daemonizes.
+  // the mount daemonizes. Throws std::invalid_argument for datasets a mount cannot hold
+  // (MountTree).
   Filesystem(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
              FilesystemOptions options);
   ~Filesystem();
@@ -79,7 +86,7 @@ class Filesystem {
   // Starts fetching ahead (options().prefetch). Like start_views, after any fork.
   void start_prefetch() { engine_.start(); }
 
-  const std::vector<prefetch::DatasetSnapshot>& datasets() const { return datasets_; }
+  const std::vector<prefetch::DatasetSnapshot>& datasets() const { return tree_.datasets(); }
   const FilesystemOptions& options() const { return options_; }
   std::string stats_json() const;
   const FsCounters& counters() const { return counters_; }
@@ -87,29 +94,14 @@ class Filesystem {
   const ViewFiles& views() const { return views_; }
   prefetch::PrefetchEngine& engine() { return engine_; }
 
+  // The node that answers for inodes of `kind`; nullptr for kInvalid.
+  Node* node(InodeRef::Kind kind) const { return nodes_[static_cast<size_t>(kind)]; }
+
  private:
   friend struct Handlers;
-  // Text of a generated .meta file, rendered on first use.
-  const std::string& meta_content(uint32_t dataset, MetaFile file);
-
-  // .dsfs/stats.json: every lookup renders a snapshot under a new inode (entry timeout 0). A
-  // snapshot never changes, so it is served like any immutable file, page cache included, which
-  // is what lets the mount skip OPEN (no per-open direct_io). FORGET frees a snapshot; any left
-  // when the kernel unmounts without forgetting are freed with the Filesystem.
-  using StatsSnapshot = std::shared_ptr<const std::string>;
-  uint64_t new_stats_snapshot();                     // its inode, with one lookup
-  StatsSnapshot stats_snapshot(uint64_t ino) const;  // nullptr for an unknown inode
-  void forget_stats_snapshot(uint64_t ino, uint64_t lookups);
-
-  struct MetaContents {
-    std::array<std::once_flag, 5> once;
-    std::array<std::string, 5> text;
-  };
 
   FilesystemOptions options_;
-  std::vector<prefetch::DatasetSnapshot> datasets_;
-  std::unordered_map<std::string, uint32_t> dataset_by_name_;
-  std::vector<std::unique_ptr<MetaContents>> meta_;
+  MountTree tree_;
   store::ConnectionPool pool_;
   prefetch::ObjectCache cache_;
   prefetch::ObjectFetcher fetcher_;
@@ -117,22 +109,17 @@ class Filesystem {
   prefetch::PrefetchEngine engine_;
   ViewFiles views_;
   FsCounters counters_;
-  struct CountedSnapshot {
-    StatsSnapshot text;
-    uint64_t lookups = 0;
-  };
-  mutable Mutex stats_snapshots_mutex_;
-  std::unordered_map<uint64_t, CountedSnapshot> stats_snapshots_
-      DSFS_GUARDED_BY(stats_snapshots_mutex_);
-  uint64_t last_stats_snapshot_ DSFS_GUARDED_BY(stats_snapshots_mutex_) = kStatsSnapshotBase;
+  RootNode root_node_;
+  DatasetNode dataset_node_;
+  MetaNode meta_node_;
+  ViewNode view_node_;
+  ControlNode control_node_;
+  std::array<Node*, kInodeKindCount> nodes_{};
   // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
   bool no_open_ = false;
   // Nor OPENDIR and RELEASEDIR for directories (FUSE_CAP_NO_OPENDIR_SUPPORT): set by init.
   bool no_opendir_ = false;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  const int64_t mounted_unix_;
-  const uint32_t owner_uid_;
-  const uint32_t owner_gid_;
   uint32_t max_read_ = 0;
 };
 

@@ -25,7 +25,9 @@ std::optional<MetaFile> meta_file_by_name(std::string_view name) {
   return std::nullopt;
 }
 
-InodeRef decode_inode(uint64_t ino) {
+namespace {
+
+InodeRef decode_kind(uint64_t ino) {
   using Kind = InodeRef::Kind;
   if (ino == kRootInode) return {.kind = Kind::kRoot};
   if (ino == kMetaDirInode) return {.kind = Kind::kMetaDir};
@@ -60,6 +62,14 @@ InodeRef decode_inode(uint64_t ino) {
   return {.kind = Kind::kEntry,
           .dataset = static_cast<uint32_t>(dataset_plus_one - 1),
           .entry = static_cast<uint32_t>(ino & 0xffffffffu)};
+}
+
+}  // namespace
+
+InodeRef decode_inode(uint64_t ino) {
+  InodeRef ref = decode_kind(ino);
+  ref.ino = ino;
+  return ref;
 }
 
 }  // namespace dsfs::fs

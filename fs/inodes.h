@@ -90,7 +90,11 @@ struct InodeRef {
   uint32_t entry = 0;                    // kEntry, kViewEntry
   MetaFile meta = MetaFile::kDirectory;  // kMeta
   uint32_t view_slot = 0;                // kViewSpec, kViewEntry
+  uint64_t ino = 0;                      // the number decoded
 };
+
+// The number of kinds, for tables indexed by kind.
+inline constexpr size_t kInodeKindCount = static_cast<size_t>(InodeRef::Kind::kViewEntry) + 1;
 
 // Decodes an inode number; kInvalid for numbers that name nothing (the caller still has to
 // check that the dataset and entry exist in this mount).

@@ -1,0 +1,59 @@
+#pragma once
+// MOUNT/.dsfs/: stats.json (the mount's live counters) and plan (the prefetch hint, the one
+// writable file).
+//
+// stats.json: every lookup renders a snapshot under a new inode (entry timeout 0). A snapshot
+// never changes, so it is served like any immutable file, page cache included, which is what
+// lets the mount skip OPEN (no per-open direct_io). FORGET frees a snapshot; any left when the
+// kernel unmounts without forgetting are freed with the node.
+#include <functional>
+
+#include "fs/node.h"
+#include "prefetch/engine.h"
+#include "src/store/thread_annotations.h"
+
+namespace dsfs::fs {
+
+// Thread safety: snapshots_mutex_ guards the snapshot table; the engine synchronizes the plan.
+class ControlNode final : public Node {
+ public:
+  // `render_stats` renders stats.json's text; called on lookups, from any thread.
+  ControlNode(const MountTree& tree, std::function<std::string()> render_stats,
+              prefetch::PrefetchEngine& engine)
+      : tree_(tree), render_stats_(std::move(render_stats)), engine_(engine) {}
+
+  std::optional<Attributes> stat(const InodeRef& ref) override;
+  bool is_directory(const InodeRef& ref) override {
+    return ref.kind == InodeRef::Kind::kControlDir;
+  }
+  // "stats.json" is a new snapshot inode with one lookup, not to be cached.
+  Found lookup(const InodeRef& dir, std::string_view name) override;
+  int list(const InodeRef& dir, uint64_t from, DirectorySink& out) override;
+  int open(const InodeRef& ref) override;
+  // A snapshot's text (ESTALE once forgotten); the plan reads as empty (it is write-only:
+  // stats.json reports what it holds).
+  int read(const InodeRef& ref, uint64_t offset, size_t size, ReadReply& out) override;
+  // The plan: writing at 0 replaces it, at its end extends it; truncating to 0 clears it.
+  int write(const InodeRef& ref, uint64_t offset, std::string_view data) override;
+  int truncate(const InodeRef& ref, uint64_t size) override;
+  void forget(uint64_t ino, uint64_t lookups) override;
+
+  size_t snapshot_count() const;
+
+ private:
+  using Snapshot = std::shared_ptr<const std::string>;
+  Snapshot snapshot(uint64_t ino) const;  // nullptr for an unknown inode
+
+  struct CountedSnapshot {
+    Snapshot text;
+    uint64_t lookups = 0;
+  };
+  const MountTree& tree_;
+  const std::function<std::string()> render_stats_;
+  prefetch::PrefetchEngine& engine_;
+  mutable Mutex snapshots_mutex_;
+  std::unordered_map<uint64_t, CountedSnapshot> snapshots_ DSFS_GUARDED_BY(snapshots_mutex_);
+  uint64_t last_snapshot_ DSFS_GUARDED_BY(snapshots_mutex_) = kStatsSnapshotBase;
+};
+
+}  // namespace dsfs::fs
