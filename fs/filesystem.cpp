@@ -146,9 +146,8 @@ void Filesystem::start_views() {
       options_.view_max_pixels, options_.view_render_memory_bytes >> 20,
       ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
   // Plans may name view files; they stand for their source images.
-  engine_.set_plan_line_mapper([this](std::string_view line) {
-    return views_.plan_source_path(line, tree_.datasets());
-  });
+  engine_.set_plan_line_mapper(
+      [this](std::string_view line) { return views_.plan_source_path(line, tree_.datasets()); });
   views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
 }
 
@@ -502,9 +501,9 @@ struct Handlers {
     guarded(req, Op::kWrite, [&](Filesystem& fs) {
       if (off < 0) return fail(fs, req, EINVAL);
       const Target t = target(fs, ino);
-      const int error = t.node ? t.node->write(t.ref, static_cast<uint64_t>(off),
-                                               std::string_view(data, size))
-                               : EROFS;
+      const int error =
+          t.node ? t.node->write(t.ref, static_cast<uint64_t>(off), std::string_view(data, size))
+                 : EROFS;
       if (error != 0) return fail(fs, req, error);
       fuse_reply_write(req, size);
     });

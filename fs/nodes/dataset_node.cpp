@@ -64,7 +64,8 @@ bool DatasetNode::is_directory(const InodeRef& ref) {
 
 Found DatasetNode::lookup(const InodeRef& dir, std::string_view name) {
   if (!is_directory(dir)) return {};
-  const std::optional<uint32_t> child = tree_.dataset(dir.dataset)->catalog->lookup(dir.entry, name);
+  const std::optional<uint32_t> child =
+      tree_.dataset(dir.dataset)->catalog->lookup(dir.entry, name);
   return {child ? entry_inode(dir.dataset, *child) : 0};
 }
 

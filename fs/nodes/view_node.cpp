@@ -170,8 +170,8 @@ int ViewNode::read(const InodeRef& ref, uint64_t offset, size_t size, ReadReply&
   const ViewRegistry::Slot& slot = *t.slot;
   if (offset >= slot.file_size || size == 0) return 0;
   const size_t length = static_cast<size_t>(std::min<uint64_t>(size, slot.file_size - offset));
-  const prefetch::ObjectBuffer file = views_.read(*t.dataset, ref.entry, slot.canonical, offset,
-                                                  length);
+  const prefetch::ObjectBuffer file =
+      views_.read(*t.dataset, ref.entry, slot.canonical, offset, length);
   if (!file) {
     out.add(slot.header.data() + offset, length);  // a slot never changes once added
     return 0;
