@@ -146,7 +146,7 @@ void Filesystem::start_views() {
       options_.view_max_pixels, options_.view_render_memory_bytes >> 20,
       ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
   // Plans may name view files; they stand for their source images.
-  engine_.set_plan_line_mapper(
+  control_node_.plan().set_line_mapper(
       [this](std::string_view line) { return views_.plan_source_path(line, tree_.datasets()); });
   views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
 }
@@ -160,6 +160,7 @@ std::string Filesystem::stats_json() const {
       .views = views_.stats(),
       .reads = reader_.stats(),
       .prefetch = engine_.stats(),
+      .plan_unresolved = control_node_.plan().unresolved(),
       .datasets = tree_.datasets(),
       .started = started_,
       .redis_endpoint = pool_.endpoint().describe(),

@@ -80,8 +80,8 @@ nlohmann::ordered_json cache_json(const prefetch::CacheStats& c) {
 }
 
 nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
-                                     const prefetch::EngineStats& e,
-                                     const prefetch::CacheStats& c) {
+                                     const prefetch::EngineStats& e, const prefetch::CacheStats& c,
+                                     uint64_t plan_unresolved) {
   const uint64_t ready = reads.ready.load(std::memory_order_relaxed);
   const uint64_t joined = reads.joined.load(std::memory_order_relaxed);
   const uint64_t miss = reads.miss.load(std::memory_order_relaxed);
@@ -123,7 +123,7 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
       {"failures", e.failures},
       {"plan",
        {{"entries", e.plan_entries},
-        {"unresolved", e.plan_unresolved},
+        {"unresolved", plan_unresolved},
         {"position", e.plan_position}}},
       {"predictors", predictors},
   };
@@ -235,7 +235,7 @@ std::string render_stats_json(const StatsSources& sources) {
         {"connects", sources.redis_connects}}},
       {"errors", errors},
       {"cache", cache_json(c)},
-      {"prefetch", prefetch_json(sources.reads, sources.prefetch, c)},
+      {"prefetch", prefetch_json(sources.reads, sources.prefetch, c, sources.plan_unresolved)},
       {"views", views_json(sources.views)},
       {"datasets", datasets},
   };

@@ -73,6 +73,7 @@ struct StatsSources {
   ViewStats views;
   const prefetch::ReadStats& reads;
   prefetch::EngineStats prefetch;
+  uint64_t plan_unresolved = 0;  // plan lines that named no file of the mount
   const std::vector<prefetch::DatasetSnapshot>& datasets;
   std::chrono::steady_clock::time_point started;
   std::string_view redis_endpoint;  // already redacted

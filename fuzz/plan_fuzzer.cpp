@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/node.h"
+#include "fs/nodes/plan_file.h"
 #include "prefetch/engine.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
@@ -33,34 +35,38 @@ struct Fixture {
     d.info.chunk_size = 1 << 20;
     d.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
     datasets.push_back(std::move(d));
-    // Never started and never connected: plan_write only parses and resolves.
+    tree = std::make_unique<fs::MountTree>(std::move(datasets));
+    // Never started and never connected: the plan file only parses and resolves.
     engine = std::make_unique<prefetch::PrefetchEngine>(
-        cache, fetcher, datasets, endpoint, false,
+        cache, fetcher, tree->datasets(), endpoint, false,
         prefetch::EngineOptions{.mode = prefetch::PrefetchMode::kPlan, .connections = 1});
+    plan = std::make_unique<fs::PlanFile>(*tree, *engine);
   }
   store::RedisEndpoint endpoint = store::parse_redis_url("unix:///nonexistent/dsfs-fuzz.sock");
   std::vector<prefetch::DatasetSnapshot> datasets;
   store::ConnectionPool pool{endpoint, 1};
   prefetch::ObjectFetcher fetcher{pool, catalog::KeySchema("dsfs"), prefetch::FetcherOptions{}};
   prefetch::ObjectCache cache{1 << 20};
+  std::unique_ptr<fs::MountTree> tree;
   std::unique_ptr<prefetch::PrefetchEngine> engine;
+  std::unique_ptr<fs::PlanFile> plan;
 };
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture fixture;
-  auto& engine = *fixture.engine;
+  auto& plan = *fixture.plan;
   if (size == 0) return 0;
   const size_t piece = 1 + data[0] % 64;
   std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (engine.plan_truncate(0) != 0) __builtin_trap();
+  if (plan.truncate(0) != 0) __builtin_trap();
   while (!rest.empty()) {
     const std::string_view write = rest.substr(0, piece);
-    if (engine.plan_write(engine.plan_size(), write) != 0) __builtin_trap();
+    if (plan.write(plan.size(), write) != 0) __builtin_trap();
     rest.remove_prefix(write.size());
   }
-  if (engine.plan_size() != size - 1) __builtin_trap();
-  (void)engine.stats();
+  if (plan.size() != size - 1) __builtin_trap();
+  (void)fixture.engine->stats();
   return 0;
 }

@@ -386,116 +386,18 @@ void PrefetchEngine::fetch_loop(size_t worker) {
   drop_connection("the mount is stopping");
 }
 
-void PrefetchEngine::resolve_plan_line(std::string_view line) {
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
-  while (line.starts_with("./")) line.remove_prefix(2);
-  while (line.starts_with('/')) line.remove_prefix(1);
-  if (line.empty()) return;
-  const std::string_view original = line;
-  std::optional<std::string> mapped;
-  if (plan_line_mapper_) {
-    mapped = plan_line_mapper_(line);
-    if (mapped) line = *mapped;
-  }
-  const size_t slash = line.find('/');
-  const std::string_view name = line.substr(0, slash);
-  const std::string_view rest = slash == std::string_view::npos ? "" : line.substr(slash + 1);
-  for (const DatasetSnapshot& d : datasets_) {
-    if (d.name() != name) continue;
-    if (const std::optional<uint32_t> entry = d.catalog->find(rest);
-        entry && !d.catalog->entry(*entry).is_dir) {
-      model_.plan_append(file_id(d.index, *entry));
-      return;
-    }
-    break;
-  }
-  if (plan_unresolved_++ == 0) first_unresolved_ = std::string(original);
-}
-
-void PrefetchEngine::clear_plan_locked() {
-  model_.plan_clear();
-  std::string().swap(plan_partial_);
-  plan_oversized_ = false;
-  plan_oversized_lines_ = 0;
-  plan_size_ = 0;
-  plan_unresolved_ = 0;
-  plan_replacing_ = true;
-}
-
-void PrefetchEngine::buffer_plan_line(std::string_view bytes) {
-  if (plan_oversized_) return;  // the rest of a line already refused
-  if (plan_partial_.size() + bytes.size() <= kMaxPlanLineBytes) {
-    plan_partial_.append(bytes);
-    return;
-  }
-  // No path is this long: the line is refused now, its memory given back, and its bytes up to
-  // the next newline dropped as they come.
-  plan_oversized_ = true;
-  std::string excerpt = plan_partial_;
-  excerpt.append(bytes.substr(0, store::kLogExcerptBytes));
-  std::string().swap(plan_partial_);
-  if (plan_unresolved_++ == 0) first_unresolved_.clear();  // warned about below, not as a path
-  if (plan_oversized_lines_++ == 0) {
-    spdlog::warn(
-        "plan: a line longer than {} bytes (no path is) is skipped and counted as unresolved; "
-        "it begins '{}' (logged once per plan)",
-        kMaxPlanLineBytes, store::log_text(excerpt, 64));
-  }
-}
-
-int PrefetchEngine::plan_write(uint64_t offset, std::string_view data) {
+void PrefetchEngine::plan_clear() {
   std::lock_guard lock(mutex_);
-  if (offset == 0 && plan_size_ != 0) {
-    // Written over from the start without truncating first: a new plan all the same.
-    clear_plan_locked();
-  }
-  if (offset != plan_size_) return EINVAL;  // only whole rewrites and appends mean anything
-  if (plan_size_ == 0) plan_replacing_ = true;
-  const uint64_t unresolved_before = plan_unresolved_;
-  plan_size_ += data.size();
-  while (!data.empty()) {
-    const size_t newline = data.find('\n');
-    const std::string_view piece = data.substr(0, newline);
-    if (newline == std::string_view::npos) {
-      buffer_plan_line(piece);
-      break;
-    }
-    if (plan_partial_.empty() && !plan_oversized_ && piece.size() <= kMaxPlanLineBytes) {
-      resolve_plan_line(piece);
-    } else {
-      buffer_plan_line(piece);
-      if (!plan_oversized_) resolve_plan_line(plan_partial_);
-      plan_partial_.clear();
-      plan_oversized_ = false;
-    }
-    data.remove_prefix(newline + 1);
-  }
-  if (plan_unresolved_ > unresolved_before && unresolved_before == 0 &&
-      !first_unresolved_.empty()) {
-    spdlog::warn(
-        "plan: '{}' names no file of this mount (paths are relative to the mount, "
-        "starting with the dataset name); such lines are skipped",
-        store::log_text(first_unresolved_));
-  }
+  model_.plan_clear();
+}
+
+void PrefetchEngine::plan_extend(std::span<const PlannedFile> files, bool new_plan) {
+  std::lock_guard lock(mutex_);
+  for (const PlannedFile& file : files) model_.plan_append(file_id(file.dataset, file.entry));
   // Objects read last epoch are unread again in the one the new plan begins.
-  if (model_.plan_published(plan_replacing_)) cache_.new_epoch();
-  plan_replacing_ = false;
+  if (model_.plan_published(new_plan)) cache_.new_epoch();
   plan_written_ = Clock::now();
   work_.notify_all();
-  return 0;
-}
-
-int PrefetchEngine::plan_truncate(uint64_t size) {
-  std::lock_guard lock(mutex_);
-  if (size == plan_size_) return 0;
-  if (size != 0) return EINVAL;
-  clear_plan_locked();
-  return 0;
-}
-
-uint64_t PrefetchEngine::plan_size() const {
-  std::lock_guard lock(mutex_);
-  return plan_size_;
 }
 
 EngineStats PrefetchEngine::stats() const {
@@ -515,7 +417,6 @@ EngineStats PrefetchEngine::stats() const {
   s.gets = gets_.load(std::memory_order_relaxed);
   s.failures = failures_.load(std::memory_order_relaxed);
   s.plan_entries = model_.plan().entries();
-  s.plan_unresolved = plan_unresolved_;
   s.plan_position = model_.plan().position();
   for (const PredictorScore& p : model_.scores()) {
     s.predictors.push_back(PredictorReport{std::string(p.name), p.score, p.foreseen, p.scored});

@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -100,13 +101,9 @@ struct EngineStats {
   uint64_t gets = 0;
   uint64_t failures = 0;  // prefetches given up (Redis errors, bad data)
   uint64_t plan_entries = 0;
-  uint64_t plan_unresolved = 0;
   uint64_t plan_position = 0;
   std::vector<PredictorReport> predictors;
 };
-
-// The longest plan line (a path relative to the mount) that is read: PATH_MAX, with its newline.
-inline constexpr size_t kMaxPlanLineBytes = 4096;
 
 class PrefetchEngine {
  public:
@@ -125,12 +122,17 @@ class PrefetchEngine {
   // A reader began reading file `entry` of dataset `dataset` (a READ at offset 0).
   void record_access(uint32_t dataset, uint32_t entry);
 
-  // MOUNT/.dsfs/plan. Writing at offset 0 replaces the plan, at its end extends it; lines are
-  // paths relative to the mount. A line longer than kMaxPlanLineBytes is not buffered: its bytes
-  // are dropped up to its newline and it counts as unresolved. Returns 0 or an errno for the reply.
-  int plan_write(uint64_t offset, std::string_view data);
-  int plan_truncate(uint64_t size);
-  uint64_t plan_size() const;
+  // A file a plan names, resolved by the plan file (fs/nodes/plan_file.h): dataset index and
+  // catalogue entry.
+  struct PlannedFile {
+    uint32_t dataset = 0;
+    uint32_t entry = 0;
+  };
+  // The plan (MOUNT/.dsfs/plan): the files readers will read next, in order. plan_clear() drops
+  // it; plan_extend() appends `files`, and with `new_plan` says they begin a plan that replaced
+  // the last one (a new epoch: objects read in the last one count as unread again).
+  void plan_clear();
+  void plan_extend(std::span<const PlannedFile> files, bool new_plan);
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
@@ -140,12 +142,8 @@ class PrefetchEngine {
   // Called on fetch threads without the engine's lock; it must be quick.
   using SourceReadyListener =
       std::function<void(const DatasetSnapshot&, uint32_t entry, uint64_t rank, ObjectBuffer)>;
-  // Maps a plan line to the dataset path it stands for ("" when it stands for none of its own),
-  // e.g. a .views file to its source image. Called under the engine's lock.
-  using PlanLineMapper = std::function<std::optional<std::string>(std::string_view line)>;
-  // Both before start(); they must stay callable until stop().
+  // Before start(); it must stay callable until stop().
   void set_source_listener(SourceReadyListener listener) { source_listener_ = std::move(listener); }
-  void set_plan_line_mapper(PlanLineMapper mapper) { plan_line_mapper_ = std::move(mapper); }
 
  private:
   struct Fetch {
@@ -172,13 +170,6 @@ class PrefetchEngine {
   void finish(Fetch& fetch, store::ValueReply reply);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
-  void resolve_plan_line(std::string_view line);
-  // Appends `bytes` of a line to plan_partial_, or drops them once the line is too long.
-  void buffer_plan_line(std::string_view bytes);
-  // A line longer than kMaxPlanLineBytes ended (or the plan was replaced): counted as unresolved.
-  void count_oversized_plan_line();
-  void clear_plan_locked();
-
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
   const std::vector<DatasetSnapshot>& datasets_;
@@ -202,18 +193,7 @@ class PrefetchEngine {
   bool was_active_ = false;
   size_t idle_workers_ = 0;  // workers waiting for work with nothing in flight
   std::chrono::steady_clock::time_point last_wakeup_{};
-  // The plan file: its size and the unfinished last line (at most kMaxPlanLineBytes; a longer
-  // line is skipped to its newline, plan_oversized_ says so).
-  uint64_t plan_size_ = 0;
-  std::string plan_partial_;
-  bool plan_oversized_ = false;
-  uint64_t plan_oversized_lines_ = 0;
-  bool plan_replacing_ = false;
-  uint64_t plan_unresolved_ = 0;
-  std::string first_unresolved_;
-
   SourceReadyListener source_listener_;
-  PlanLineMapper plan_line_mapper_;
 
   std::atomic<uint64_t> gets_{0};
   std::atomic<uint64_t> failures_{0};

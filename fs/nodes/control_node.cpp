@@ -12,7 +12,7 @@ std::optional<Attributes> ControlNode::stat(const InodeRef& ref) {
                              tree_.mounted_unix());
     case InodeRef::Kind::kPlan: {
       // Write-only for the owner, and its size changes with every write.
-      Attributes a = tree_.generated(kPlanInode, S_IFREG | 0200, 1, engine_.plan_size(), now);
+      Attributes a = tree_.generated(kPlanInode, S_IFREG | 0200, 1, plan_.size(), now);
       a.timeout = 0;
       return a;
     }
@@ -84,12 +84,12 @@ int ControlNode::read(const InodeRef& ref, uint64_t offset, size_t size, ReadRep
 
 int ControlNode::write(const InodeRef& ref, uint64_t offset, std::string_view data) {
   if (ref.kind != InodeRef::Kind::kPlan) return EROFS;
-  return engine_.plan_write(offset, data);
+  return plan_.write(offset, data);
 }
 
 int ControlNode::truncate(const InodeRef& ref, uint64_t size) {
   if (ref.kind != InodeRef::Kind::kPlan) return EROFS;
-  return engine_.plan_truncate(size);
+  return plan_.truncate(size);
 }
 
 void ControlNode::forget(uint64_t ino, uint64_t lookups) {

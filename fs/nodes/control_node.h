@@ -9,18 +9,19 @@
 #include <functional>
 
 #include "fs/node.h"
+#include "fs/nodes/plan_file.h"
 #include "prefetch/engine.h"
 #include "src/store/thread_annotations.h"
 
 namespace dsfs::fs {
 
-// Thread safety: snapshots_mutex_ guards the snapshot table; the engine synchronizes the plan.
+// Thread safety: snapshots_mutex_ guards the snapshot table; the plan file synchronizes itself.
 class ControlNode final : public Node {
  public:
   // `render_stats` renders stats.json's text; called on lookups, from any thread.
   ControlNode(const MountTree& tree, std::function<std::string()> render_stats,
               prefetch::PrefetchEngine& engine)
-      : tree_(tree), render_stats_(std::move(render_stats)), engine_(engine) {}
+      : tree_(tree), render_stats_(std::move(render_stats)), plan_(tree, engine) {}
 
   std::optional<Attributes> stat(const InodeRef& ref) override;
   bool is_directory(const InodeRef& ref) override {
@@ -39,6 +40,8 @@ class ControlNode final : public Node {
   void forget(uint64_t ino, uint64_t lookups) override;
 
   size_t snapshot_count() const;
+  PlanFile& plan() { return plan_; }
+  const PlanFile& plan() const { return plan_; }
 
  private:
   using Snapshot = std::shared_ptr<const std::string>;
@@ -50,7 +53,7 @@ class ControlNode final : public Node {
   };
   const MountTree& tree_;
   const std::function<std::string()> render_stats_;
-  prefetch::PrefetchEngine& engine_;
+  PlanFile plan_;
   mutable Mutex snapshots_mutex_;
   std::unordered_map<uint64_t, CountedSnapshot> snapshots_ DSFS_GUARDED_BY(snapshots_mutex_);
   uint64_t last_snapshot_ DSFS_GUARDED_BY(snapshots_mutex_) = kStatsSnapshotBase;

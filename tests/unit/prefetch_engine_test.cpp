@@ -103,10 +103,15 @@ class PrefetchEngineTest : public ::testing::Test {
     ASSERT_EQ(got, file_bytes(i)) << file_path(i);
   }
 
-  std::string plan_text(const std::vector<uint32_t>& order) const {
-    std::string text;
-    for (const uint32_t i : order) text += fmt::format("{}/{}\n", kName, file_path(i));
-    return text;
+  // Replaces the plan with files `order` (the plan file in fs/ resolves paths to these).
+  void plan(const std::vector<uint32_t>& order) {
+    engine_->plan_clear();
+    extend_plan(order, /*new_plan=*/true);
+  }
+  void extend_plan(const std::vector<uint32_t>& order, bool new_plan = false) {
+    std::vector<PrefetchEngine::PlannedFile> files;
+    for (const uint32_t i : order) files.push_back({0, entry_of_file(i)});
+    engine_->plan_extend(files, new_plan);
   }
 
   ~PrefetchEngineTest() override {
@@ -128,9 +133,7 @@ TEST_F(PrefetchEngineTest, APlanIsFetchedAheadAndServedWithoutAGet) {
   std::vector<uint32_t> order(kFiles);
   for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), std::mt19937_64(4));
-  const std::string text = plan_text(order);
-  ASSERT_EQ(engine_->plan_write(0, text), 0);
-  EXPECT_EQ(engine_->plan_size(), text.size());
+  plan(order);
   ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
   const uint64_t gets_before = fetcher_.stats().gets;
   for (const uint32_t i : order) read_and_check(i);
@@ -139,12 +142,11 @@ TEST_F(PrefetchEngineTest, APlanIsFetchedAheadAndServedWithoutAGet) {
   const EngineStats stats = engine_->stats();
   EXPECT_EQ(stats.plan_entries, kFiles);
   EXPECT_EQ(stats.plan_position, kFiles);
-  EXPECT_EQ(stats.plan_unresolved, 0u);
   EXPECT_EQ(cache_->stats().used_bytes, cache_->stats().prefetched_bytes);
 }
 
 // What the view renders ahead from: every planned file, once its bytes are cached, with the rank
-// of its place in the plan; plan lines may be mapped first (a .views path to its source).
+// of its place in the plan.
 TEST_F(PrefetchEngineTest, PlannedFilesAreOfferedOnceCachedWithTheirRankAndBytes) {
   std::mutex mutex;
   std::map<uint32_t, uint64_t> first_rank;  // by entry
@@ -158,23 +160,12 @@ TEST_F(PrefetchEngineTest, PlannedFilesAreOfferedOnceCachedWithTheirRankAndBytes
           const uint32_t i = static_cast<uint32_t>(std::stoul(path.substr(path.find('f') + 1)));
           if (buffer->bytes() != file_bytes(i)) wrong_bytes.push_back(path);
         });
-    engine.set_plan_line_mapper([](std::string_view line) -> std::optional<std::string> {
-      if (!line.starts_with("alias/")) return std::nullopt;
-      return fmt::format("{}/{}", kName, line.substr(6));
-    });
   });
   std::vector<uint32_t> order(kFiles);
   for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), std::mt19937_64(9));
-  std::string text;
-  for (size_t k = 0; k < order.size(); ++k) {
-    text +=
-        fmt::format("{}{}\n", k % 2 ? "alias/" : fmt::format("{}/", kName), file_path(order[k]));
-  }
-  text += "alias/c0/nope.bin\n";
-  ASSERT_EQ(engine_->plan_write(0, text), 0);
+  plan(order);
   EXPECT_EQ(engine_->stats().plan_entries, kFiles);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
   ASSERT_TRUE(eventually([&] {
     std::lock_guard lock(mutex);
     return first_rank.size() == kFiles;
@@ -191,7 +182,7 @@ TEST_F(PrefetchEngineTest, PlannedFilesAreOfferedOnceCachedWithTheirRankAndBytes
 
 TEST_F(PrefetchEngineTest, OffFetchesNothingAhead) {
   make_engine(64 << 20, PrefetchMode::kOff);
-  ASSERT_EQ(engine_->plan_write(0, plan_text({1, 2, 3})), 0);
+  plan({1, 2, 3});
   for (uint32_t i = 0; i < 50; ++i) read_and_check(i);
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(cache_->stats().prefetches, 0u);
@@ -225,7 +216,7 @@ TEST_F(PrefetchEngineTest, RedisGoingAwayOnlyCostsThePrefetches) {
   redis_.stop();
   std::vector<uint32_t> order(kFiles);
   for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
-  ASSERT_EQ(engine_->plan_write(0, plan_text(order)), 0);
+  plan(order);
   ASSERT_TRUE(eventually([&] { return engine_->stats().failures > 0; }));
   EXPECT_EQ(cache_->stats().entries, 0u);
   redis_.start();
@@ -234,33 +225,15 @@ TEST_F(PrefetchEngineTest, RedisGoingAwayOnlyCostsThePrefetches) {
   EXPECT_TRUE(eventually([&] { return cache_->stats().reserved_bytes == 0; }));
 }
 
-TEST_F(PrefetchEngineTest, PlanWritesReplaceAppendAndCountUnknownPaths) {
+TEST_F(PrefetchEngineTest, APlanIsExtendedInOrderAndReplacedByANewOne) {
   make_engine(1 << 20, PrefetchMode::kAuto);
-  const std::string first = plan_text({0, 1, 2});
-  ASSERT_EQ(engine_->plan_write(0, first), 0);
+  plan({0, 1, 2});
   EXPECT_EQ(engine_->stats().plan_entries, 3u);
-  // Appending: at the end, even with a line split across writes.
-  const std::string more = plan_text({3, 4});
-  ASSERT_EQ(engine_->plan_write(first.size(), more.substr(0, 7)), 0);
-  EXPECT_EQ(engine_->stats().plan_entries, 3u);
-  ASSERT_EQ(engine_->plan_write(first.size() + 7, more.substr(7)), 0);
+  extend_plan({3, 4});
   EXPECT_EQ(engine_->stats().plan_entries, 5u);
-  // A hole or an overlap means nothing sensible.
-  EXPECT_EQ(engine_->plan_write(first.size() + more.size() + 10, "x\n"), EINVAL);
-  EXPECT_EQ(engine_->plan_write(3, "x\n"), EINVAL);
-  // Unknown names, directories, other datasets and blank lines: counted (blank: ignored).
-  const std::string odd = fmt::format("{}/nope.bin\n{}/c1\nother/{}\n\n./{}/{}\r\n", kName, kName,
-                                      file_path(0), kName, file_path(9));
-  ASSERT_EQ(engine_->plan_write(engine_->plan_size(), odd), 0);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 3u);
-  EXPECT_EQ(engine_->stats().plan_entries, 6u);
-  // Writing from the start again replaces it; so does truncating to 0.
-  ASSERT_EQ(engine_->plan_write(0, plan_text({7})), 0);
+  plan({7});
   EXPECT_EQ(engine_->stats().plan_entries, 1u);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 0u);
-  EXPECT_EQ(engine_->plan_truncate(5), EINVAL);
-  EXPECT_EQ(engine_->plan_truncate(0), 0);
-  EXPECT_EQ(engine_->plan_size(), 0u);
+  engine_->plan_clear();
   EXPECT_EQ(engine_->stats().plan_entries, 0u);
 }
 

@@ -1,6 +1,7 @@
-// The plan file's limits (MOUNT/.dsfs/plan, below FUSE): a line longer than a path can be is
-// neither buffered nor resolved but counted as unresolved, the lines after it still count, and
-// what the log says about plan lines is a short excerpt with control characters escaped.
+// The plan file (MOUNT/.dsfs/plan, below FUSE): writes replace or extend the plan, lines resolve
+// to dataset files handed to the engine in order; a line longer than a path can be is neither
+// buffered nor resolved but counted as unresolved, the lines after it still count, and what the
+// log says about plan lines is a short excerpt with control characters escaped.
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "fs/node.h"
+#include "fs/nodes/plan_file.h"
 #include "prefetch/engine.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
@@ -20,7 +23,9 @@
 #include "src/store/pool.h"
 #include "tests/unit/support/test_redis.h"
 
-namespace dsfs::prefetch {
+namespace dsfs::fs {
+
+using namespace prefetch;
 namespace {
 
 using namespace std::chrono_literals;
@@ -58,10 +63,11 @@ size_t heap_in_use() {
   return mallinfo2().uordblks;
 }
 
-class PlanLimitsTest : public ::testing::Test {
+class PlanFileTest : public ::testing::Test {
  protected:
-  PlanLimitsTest() {
+  PlanFileTest() {
     catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1 << 20);
+    builder.add_directory("dir", 0, 0755);
     for (uint32_t i = 0; i < 4; ++i) {
       builder.add_file(fmt::format("f{}.bin", i), 100, 0, 0644, /*object_id=*/i + 1,
                        catalog::kNoLabel, 0, "");
@@ -71,28 +77,73 @@ class PlanLimitsTest : public ::testing::Test {
     d.info.generation = 1;
     d.info.chunk_size = 1 << 20;
     d.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
-    datasets_.push_back(std::move(d));
-    // Never started: plan_write needs no fetch thread.
+    std::vector<DatasetSnapshot> datasets;
+    datasets.push_back(std::move(d));
+    tree_ = std::make_unique<MountTree>(std::move(datasets));
+    // Never started: the plan file needs no fetch thread.
     engine_ = std::make_unique<PrefetchEngine>(
-        cache_, fetcher_, datasets_, redis_.endpoint(), false,
+        cache_, fetcher_, tree_->datasets(), redis_.endpoint(), false,
         EngineOptions{
             .mode = PrefetchMode::kPlan, .connections = 1, .connect = {.connect_timeout = 500ms}});
+    plan_ = std::make_unique<PlanFile>(*tree_, *engine_);
   }
+  uint64_t entries() const { return engine_->stats().plan_entries; }
 
   // Appends `text` to the plan.
-  void append(std::string_view text) {
-    ASSERT_EQ(engine_->plan_write(engine_->plan_size(), text), 0);
-  }
+  void append(std::string_view text) { ASSERT_EQ(plan_->write(plan_->size(), text), 0); }
 
   test::TestRedisServer redis_;
-  std::vector<DatasetSnapshot> datasets_;
+  std::unique_ptr<MountTree> tree_;
   store::ConnectionPool pool_{redis_.endpoint(), 1};
   ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
   ObjectCache cache_{1 << 20};
   std::unique_ptr<PrefetchEngine> engine_;
+  std::unique_ptr<PlanFile> plan_;
 };
 
-TEST_F(PlanLimitsTest, ALineWithoutANewlineIsNotBufferedPastThePathLimit) {
+TEST_F(PlanFileTest, WritesReplaceOrExtendThePlanAndCountUnknownPaths) {
+  const std::string first = "pl/f0.bin\npl/f1.bin\npl/f2.bin\n";
+  ASSERT_EQ(plan_->write(0, first), 0);
+  EXPECT_EQ(entries(), 3u);
+  // Appending: at the end, even with a line split across writes.
+  ASSERT_EQ(plan_->write(first.size(), "pl/f"), 0);
+  EXPECT_EQ(entries(), 3u);
+  ASSERT_EQ(plan_->write(first.size() + 4, "3.bin\n"), 0);
+  EXPECT_EQ(entries(), 4u);
+  // A hole or an overlap means nothing sensible.
+  EXPECT_EQ(plan_->write(plan_->size() + 10, "x\n"), EINVAL);
+  EXPECT_EQ(plan_->write(3, "x\n"), EINVAL);
+  // Unknown names, directories, other datasets and blank lines: counted (blank: ignored); a
+  // leading ./ or /, trailing spaces and CR are forgiven.
+  ASSERT_EQ(plan_->write(plan_->size(), "pl/nope.bin\npl/dir\nother/f0.bin\n\n./pl/f1.bin \r\n"),
+            0);
+  EXPECT_EQ(plan_->unresolved(), 3u);
+  EXPECT_EQ(entries(), 5u);
+  // Writing from the start again replaces it; so does truncating to 0.
+  ASSERT_EQ(plan_->write(0, "/pl/f2.bin\n"), 0);
+  EXPECT_EQ(entries(), 1u);
+  EXPECT_EQ(plan_->unresolved(), 0u);
+  EXPECT_EQ(plan_->truncate(5), EINVAL);
+  EXPECT_EQ(plan_->truncate(plan_->size()), 0);
+  EXPECT_EQ(entries(), 1u);
+  EXPECT_EQ(plan_->truncate(0), 0);
+  EXPECT_EQ(plan_->size(), 0u);
+  EXPECT_EQ(entries(), 0u);
+}
+
+TEST_F(PlanFileTest, AMappedLineStandsForTheFileItMapsTo) {
+  // As the mount maps a .views path to its source image.
+  plan_->set_line_mapper([](std::string_view line) -> std::optional<std::string> {
+    if (line.starts_with("alias/")) return fmt::format("pl/{}", line.substr(6));
+    if (line.starts_with("nothing/")) return std::string();
+    return std::nullopt;
+  });
+  ASSERT_EQ(plan_->write(0, "alias/f1.bin\npl/f2.bin\nnothing/f0.bin\nalias/f9.bin\n"), 0);
+  EXPECT_EQ(entries(), 2u);
+  EXPECT_EQ(plan_->unresolved(), 2u);
+}
+
+TEST_F(PlanFileTest, ALineWithoutANewlineIsNotBufferedPastThePathLimit) {
   // 16 MiB of one line, in the 128 KiB writes FUSE delivers.
   const std::string chunk(128 << 10, 'a');
   const size_t heap_before = heap_in_use();
@@ -100,53 +151,53 @@ TEST_F(PlanLimitsTest, ALineWithoutANewlineIsNotBufferedPastThePathLimit) {
   for (int i = 0; i < 128; ++i) append(chunk);
   const size_t heap_after = heap_in_use();
   // Counted as soon as it is too long, not when (if ever) its newline comes.
-  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
-  EXPECT_EQ(engine_->stats().plan_entries, 0u);
+  EXPECT_EQ(plan_->unresolved(), 1u);
+  EXPECT_EQ(entries(), 0u);
   EXPECT_LT(heap_after, heap_before + (1 << 20))
       << "the line's bytes were kept: " << heap_after - heap_before << " bytes more on the heap";
   // Its newline ends it; the lines after it are read as usual.
   append("aaaa\npl/f1.bin\npl/f2.bin\n");
-  EXPECT_EQ(engine_->stats().plan_entries, 2u);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
-  EXPECT_EQ(engine_->plan_size(), 9 + 128 * chunk.size() + 25);
+  EXPECT_EQ(entries(), 2u);
+  EXPECT_EQ(plan_->unresolved(), 1u);
+  EXPECT_EQ(plan_->size(), 9 + 128 * chunk.size() + 25);
 }
 
-TEST_F(PlanLimitsTest, ALineLongerThanPathMaxIsUnresolvedEvenIfItStartsWithAPath) {
+TEST_F(PlanFileTest, ALineLongerThanPathMaxIsUnresolvedEvenIfItStartsWithAPath) {
   // Trailing spaces are trimmed from a line, so without the limit this would resolve to f3.bin.
   const std::string padded = "pl/f3.bin" + std::string(kMaxPlanLineBytes, ' ');
   append(padded + "\n");
-  EXPECT_EQ(engine_->stats().plan_entries, 0u);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  EXPECT_EQ(entries(), 0u);
+  EXPECT_EQ(plan_->unresolved(), 1u);
   // In one write or split across several: the same.
-  ASSERT_EQ(engine_->plan_truncate(0), 0);
+  ASSERT_EQ(plan_->truncate(0), 0);
   append(padded.substr(0, 3000));
   append(padded.substr(3000) + "\npl/f0.bin\n");
-  EXPECT_EQ(engine_->stats().plan_entries, 1u);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
+  EXPECT_EQ(entries(), 1u);
+  EXPECT_EQ(plan_->unresolved(), 1u);
 }
 
-TEST_F(PlanLimitsTest, ALineOfExactlyTheLimitIsStillRead) {
+TEST_F(PlanFileTest, ALineOfExactlyTheLimitIsStillRead) {
   std::string line = "pl/f2.bin";
   line.resize(kMaxPlanLineBytes, ' ');
   append(line.substr(0, 100));
   append(line.substr(100) + "\n");
-  EXPECT_EQ(engine_->stats().plan_entries, 1u);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 0u);
+  EXPECT_EQ(entries(), 1u);
+  EXPECT_EQ(plan_->unresolved(), 0u);
 }
 
-TEST_F(PlanLimitsTest, ReplacingThePlanDropsAnUnfinishedOversizedLine) {
+TEST_F(PlanFileTest, ReplacingThePlanDropsAnUnfinishedOversizedLine) {
   append(std::string(3 * kMaxPlanLineBytes, 'z'));
-  EXPECT_EQ(engine_->stats().plan_unresolved, 1u);
-  ASSERT_EQ(engine_->plan_write(0, "pl/f1.bin\n"), 0);  // a new plan from offset 0
-  EXPECT_EQ(engine_->stats().plan_entries, 1u);
-  EXPECT_EQ(engine_->stats().plan_unresolved, 0u);
+  EXPECT_EQ(plan_->unresolved(), 1u);
+  ASSERT_EQ(plan_->write(0, "pl/f1.bin\n"), 0);  // a new plan from offset 0
+  EXPECT_EQ(entries(), 1u);
+  EXPECT_EQ(plan_->unresolved(), 0u);
 }
 
-TEST_F(PlanLimitsTest, TheLogCarriesAShortEscapedExcerptOfPlanLines) {
+TEST_F(PlanFileTest, TheLogCarriesAShortEscapedExcerptOfPlanLines) {
   CapturedLog log;
   // An unknown path with a terminal escape and a bell in it, then a huge line of control bytes.
   append("pl/\x1b[31mnot-there\x07.bin\n");
-  ASSERT_EQ(engine_->plan_write(0, "\x1b]0;owned\x07" + std::string(1 << 20, '\x01') + "\n"), 0);
+  ASSERT_EQ(plan_->write(0, "\x1b]0;owned\x07" + std::string(1 << 20, '\x01') + "\n"), 0);
   const std::vector<std::string> lines = log.lines();
   ASSERT_GE(lines.size(), 2u);
   bool named_unknown = false, named_oversized = false;
@@ -164,4 +215,4 @@ TEST_F(PlanLimitsTest, TheLogCarriesAShortEscapedExcerptOfPlanLines) {
 }
 
 }  // namespace
-}  // namespace dsfs::prefetch
+}  // namespace dsfs::fs
