@@ -44,8 +44,12 @@ bool is_plain_relative(std::string_view line) {
 
 std::string plan_write_error(const fs::path& plan, int error) {
   switch (error) {
-    case ENOENT:
     case EROFS:
+      return fmt::format(
+          "cannot open {} for writing: {}; the mount was made read-only (-o ro), which takes no "
+          "plan: remount it without -o ro to write one",
+          plan.string(), std::strerror(error));
+    case ENOENT:
       return fmt::format(
           "cannot open {} for writing: {}; this mount takes no plan (its dsfs predates the "
           "prefetch engine): remount it with this dsfs",

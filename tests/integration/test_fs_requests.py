@@ -99,11 +99,20 @@ class FuseRequestTest(DsfsTestCase):
             os.stat(p)
         self.requests(mnt, lambda: self.read_all(paths, 0))
         self.assertEqual(self.requests(mnt, lambda: self.read_all(paths, 0)), {})
-        # The price of `-o ro`: the plan cannot be written.
+        # The price of `-o ro`: the plan cannot be written, and the plan writers say why.
         with self.assertRaises(OSError) as ctx:
             with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
                 f.write("ds/c0/000.jpg\n")
         self.assertEqual(ctx.exception.errno, errno.EROFS)
+        with self.assertRaises(OSError) as ctx:
+            dsfs_torch.write_plan(mnt, ["ds/c0/000.jpg"])
+        self.assertIn("read-only (-o ro)", str(ctx.exception))
+        plan = os.path.join(self.tmp, "plan.txt")
+        with open(plan, "w") as f:
+            f.write("ds/c0/000.jpg\n")
+        res = self.dsfs("plan", mnt, plan, redis=False, check=False)
+        self.assertEqual(res.returncode, 1, res.stderr)
+        self.assertIn("read-only (-o ro)", res.stderr)
 
     def test_ls_l_sends_no_request_per_entry(self):
         mnt = self.mount()

@@ -27,6 +27,7 @@ halves a plain `open(p, "rb").read()` loop). They open unbuffered instead:
 
 Pure Python and torch; nothing here needs the dsfs binary.
 """
+import errno
 import os
 
 from torch.utils.data import RandomSampler, Sampler
@@ -148,6 +149,11 @@ def _write_lines(mount, lines, append):
     except FileNotFoundError as e:
         raise OSError(e.errno, f"{plan} does not exist: this mount's dsfs predates the prefetch "
                                f"engine (remount it with a newer dsfs)") from e
+    except OSError as e:
+        if e.errno != errno.EROFS:
+            raise
+        raise OSError(e.errno, f"{plan} cannot be written: the mount was made read-only (-o ro), "
+                               f"which takes no plan; remount it without -o ro") from e
     try:
         if data:
             _write_all(fd, data)
