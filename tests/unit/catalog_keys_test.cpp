@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "src/catalog/keys.h"
+#include "src/store/cluster_slots.h"
 
 using namespace dsfs::catalog;
 
@@ -87,4 +89,23 @@ TEST(KeySchema, RejectsInvalidNamespace) {
   EXPECT_THROW(KeySchema("a:b"), std::invalid_argument);
   EXPECT_THROW(KeySchema(""), std::invalid_argument);
   EXPECT_NO_THROW(KeySchema("ok-ns"));
+}
+
+// On a Redis Cluster: a dataset's metadata shares one slot (the publishing MULTI/EXEC touches one
+// shard), its objects spread over the slots (and so over every shard).
+TEST(KeySchema, MetadataSharesASlotAndObjectsSpread) {
+  const KeySchema keys("dsfs");
+  const uint32_t slot = dsfs::store::key_slot(keys.info("imagenet"));
+  for (const std::string& key :
+       {keys.generations("imagenet"), keys.next_generation("imagenet"), keys.readers("imagenet"),
+        keys.manifest_chunk("imagenet", 7, 0), keys.manifest_chunk("imagenet", 8, 3)}) {
+    EXPECT_EQ(dsfs::store::key_slot(key), slot) << key;
+  }
+  EXPECT_NE(dsfs::store::key_slot(keys.info("other")), slot);
+  std::set<uint32_t> object_slots;
+  for (uint64_t id = 1; id <= 1000; ++id) {
+    object_slots.insert(dsfs::store::key_slot(keys.object("imagenet", 7, id)));
+  }
+  // 1000 keys hashed uniformly over 16384 slots land on about 970 distinct ones.
+  EXPECT_GT(object_slots.size(), 900u);
 }
