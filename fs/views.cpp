@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <array>
@@ -12,9 +13,19 @@
 #include <utility>
 
 #include "cuda/npy.h"
+#include "prefetch/object_cache_impl.h"
 #include "src/store/log_text.h"
 
+namespace dsfs::prefetch {
+template class BasicObjectCache<fs::ViewFileKey, fs::ViewFileKeyHash>;
+}  // namespace dsfs::prefetch
+
 namespace dsfs::fs {
+
+size_t ViewFileKeyHash::operator()(const ViewFileKey& key) const {
+  const uint64_t words[3] = {(uint64_t{key.dataset} << 32) | key.slot, key.generation, key.entry};
+  return static_cast<size_t>(XXH3_64bits(words, sizeof(words)));
+}
 namespace {
 
 constexpr std::array<std::string_view, 3> kImageExtensions = {".jpg", ".jpeg", ".png"};
@@ -199,21 +210,20 @@ void ViewFiles::stop() {
   ahead_queue_.clear();
 }
 
-prefetch::ObjectKey ViewFiles::key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                      uint32_t canonical_slot) const {
-  return prefetch::ObjectKey{.dataset = dataset.index,
-                             .chunk = canonical_slot,
-                             .generation = dataset.generation(),
-                             .object_id = entry};
+ViewFileKey ViewFiles::key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                              uint32_t canonical_slot) const {
+  return ViewFileKey{.dataset = dataset.index,
+                     .slot = canonical_slot,
+                     .generation = dataset.generation(),
+                     .entry = entry};
 }
 
 prefetch::ObjectBuffer ViewFiles::rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                           const ViewRegistry::Slot& slot,
-                                           const prefetch::ObjectKey& key,
+                                           const ViewRegistry::Slot& slot, const ViewFileKey& key,
                                            prefetch::ReadOutcome& outcome) {
   std::vector<prefetch::ObjectBuffer> files = cache_.get_many(
       std::span(&key, 1),
-      [&](std::span<const prefetch::ObjectKey>) {
+      [&](std::span<const ViewFileKey>) {
         return std::vector<prefetch::ObjectBuffer>{render(dataset, entry, slot, key)};
       },
       &outcome);
@@ -239,7 +249,7 @@ prefetch::ObjectBuffer ViewFiles::read(const prefetch::DatasetSnapshot& dataset,
     header_reads_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  const prefetch::ObjectKey key = key_of(dataset, entry, canonical_slot);
+  const ViewFileKey key = key_of(dataset, entry, canonical_slot);
   prefetch::ReadOutcome outcome = prefetch::ReadOutcome::kReady;
   prefetch::ObjectBuffer file = rendered(dataset, entry, *slot, key, outcome);
   if (offset <= slot->header.size()) {  // the READ with the first tensor byte: once per file
@@ -387,7 +397,7 @@ void ViewFiles::render_ahead_loop() {
 bool ViewFiles::render_ahead(AheadItem& item) {
   const prefetch::DatasetSnapshot& dataset = *item.dataset;
   const ViewRegistry::Slot& slot = *registry_.slot(item.slot);
-  const prefetch::ObjectKey key = key_of(dataset, item.entry, item.slot);
+  const ViewFileKey key = key_of(dataset, item.entry, item.slot);
   const prefetch::ObjectKey source_key{.dataset = dataset.index,
                                        .chunk = 0,
                                        .generation = dataset.generation(),
@@ -434,8 +444,7 @@ bool ViewFiles::render_ahead(AheadItem& item) {
 }
 
 prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                         const ViewRegistry::Slot& slot,
-                                         const prefetch::ObjectKey& key) {
+                                         const ViewRegistry::Slot& slot, const ViewFileKey& key) {
   if (!service_) {
     throw std::logic_error("a view file was read before the view service was started");
   }
@@ -473,7 +482,7 @@ prefetch::ObjectBuffer ViewFiles::render(const prefetch::DatasetSnapshot& datase
 
 prefetch::ObjectBuffer ViewFiles::render_bytes(const prefetch::DatasetSnapshot& dataset,
                                                uint32_t entry, const ViewRegistry::Slot& slot,
-                                               const prefetch::ObjectKey& key,
+                                               const ViewFileKey& key,
                                                std::span<const std::byte> encoded) {
   if (!service_) {
     throw std::logic_error("a view file was rendered before the view service was started");

@@ -94,6 +94,21 @@ class ViewRegistry {
 };
 
 // An image that cannot be decoded: the read fails with EIO, never with a partial tensor.
+// A rendered view file: image `entry` of generation `generation` of dataset `dataset`, rendered
+// for the canonical SPEC slot `slot`. The view cache is keyed by it, apart from the cache of
+// Redis objects.
+struct ViewFileKey {
+  uint32_t dataset = 0;
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+  uint32_t entry = 0;
+  bool operator==(const ViewFileKey&) const = default;
+};
+struct ViewFileKeyHash {
+  size_t operator()(const ViewFileKey& key) const;
+};
+using ViewCache = prefetch::BasicObjectCache<ViewFileKey, ViewFileKeyHash>;
+
 class ViewRenderError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -196,19 +211,18 @@ class ViewFiles {
     std::vector<uint64_t> read_at;  // by entry: ahead_reads_ when its view was last opened
   };
 
-  prefetch::ObjectKey key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                             uint32_t canonical_slot) const;
+  ViewFileKey key_of(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
+                     uint32_t canonical_slot) const;
   // The whole file (header then tensor) under `key` from the cache, or fetched and rendered once
   // however many readers ask at the same time; `outcome` receives how the cache found it.
   prefetch::ObjectBuffer rendered(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                  const ViewRegistry::Slot& slot, const prefetch::ObjectKey& key,
+                                  const ViewRegistry::Slot& slot, const ViewFileKey& key,
                                   prefetch::ReadOutcome& outcome);
   prefetch::ObjectBuffer render(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                const ViewRegistry::Slot& slot, const prefetch::ObjectKey& key);
+                                const ViewRegistry::Slot& slot, const ViewFileKey& key);
   // Decodes and transforms `encoded`; throws ViewRenderError (logged, counted and remembered).
   prefetch::ObjectBuffer render_bytes(const prefetch::DatasetSnapshot& dataset, uint32_t entry,
-                                      const ViewRegistry::Slot& slot,
-                                      const prefetch::ObjectKey& key,
+                                      const ViewRegistry::Slot& slot, const ViewFileKey& key,
                                       std::span<const std::byte> encoded);
   // `entry`: the view file opened (a plan names no file yet).
   void set_active(const prefetch::DatasetSnapshot& dataset, uint32_t canonical_slot,
@@ -224,11 +238,11 @@ class ViewFiles {
   prefetch::FileReader& reader_;
   prefetch::ObjectCache& source_cache_;
   ViewRegistry registry_;
-  prefetch::ObjectCache cache_;  // key: {dataset, chunk = canonical slot, generation, entry}
+  ViewCache cache_;
   std::unique_ptr<view::ViewService> service_;
   // Undecodable files by cache key, with the reason: the bytes are immutable, so they stay so.
   mutable Mutex failed_mutex_;
-  std::unordered_map<prefetch::ObjectKey, std::string, prefetch::ObjectKeyHash> failed_
+  std::unordered_map<ViewFileKey, std::string, ViewFileKeyHash> failed_
       DSFS_GUARDED_BY(failed_mutex_);
   std::atomic<uint64_t> render_errors_{0};
   std::atomic<uint64_t> header_reads_{0};

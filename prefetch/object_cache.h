@@ -61,24 +61,26 @@ struct CacheStats {
 // How a get_many call found its objects: the worst of its keys.
 enum class ReadOutcome : uint8_t { kReady, kJoined, kMiss };
 
+// A byte-bounded cache of immutable objects, keyed by `Key` (hashed by `KeyHash`).
 // Thread safety: internally synchronized; every member function may be called from any thread
 // (FUSE workers, prefetch fetch threads, render-ahead threads). One mutex, mutex_, guards all
 // mutable state (entries_, victims_, loading_, clock_, stats_); loads run outside it, and a
 // load's waiters block on its promise, not on mutex_. The ObjectBuffers it hands out are
 // immutable and shared.
-class ObjectCache {
+template <typename Key, typename KeyHash>
+class BasicObjectCache {
  public:
   // Loads the objects for `keys` (all missing, no duplicates) and returns them in the same
   // order. May throw; the exception then reaches every caller waiting for those keys.
-  using LoadMany = std::function<std::vector<ObjectBuffer>(std::span<const ObjectKey> keys)>;
+  using LoadMany = std::function<std::vector<ObjectBuffer>(std::span<const Key> keys)>;
 
   // Predicted-use rank of objects whose order is unknown (any unread file of a shuffled epoch):
   // later than every ordered prediction, and never evicted to make room for one another.
   static constexpr uint64_t kUnorderedRank = uint64_t{1} << 62;
 
-  explicit ObjectCache(uint64_t capacity_bytes);
-  ObjectCache(const ObjectCache&) = delete;
-  ObjectCache& operator=(const ObjectCache&) = delete;
+  explicit BasicObjectCache(uint64_t capacity_bytes);
+  BasicObjectCache(const BasicObjectCache&) = delete;
+  BasicObjectCache& operator=(const BasicObjectCache&) = delete;
 
   // Returns the objects for `keys`, in order: cached ones at once, ones another caller or a
   // prefetch is loading when that load finishes, and the rest through one call of `load` (so a
@@ -88,32 +90,32 @@ class ObjectCache {
   // loaded ones count as read (mark_consumed) in the same lock, and one loaded into a cache full
   // of predicted objects is served without being kept (it would only displace an object still
   // to be read). Objects it joined in flight are not marked.
-  std::vector<ObjectBuffer> get_many(std::span<const ObjectKey> keys, const LoadMany& load,
+  std::vector<ObjectBuffer> get_many(std::span<const Key> keys, const LoadMany& load,
                                      ReadOutcome* outcome = nullptr, bool read_whole = false);
-  ObjectBuffer get(const ObjectKey& key, const std::function<ObjectBuffer()>& load);
+  ObjectBuffer get(const Key& key, const std::function<ObjectBuffer()>& load);
 
   // The cached object, or nullptr; no loading, and it does not count as a hit or miss.
-  ObjectBuffer peek(const ObjectKey& key) const;
+  ObjectBuffer peek(const Key& key) const;
   // Cached or being loaded.
-  bool present(const ObjectKey& key) const;
+  bool present(const Key& key) const;
 
   // Prefetch side. begin_prefetch reserves `size` bytes for `key`, to be used at `rank` (smaller
   // is sooner): room comes from free space, objects already read, or prefetched objects ranked
   // later than `rank`; never from objects being read, loaded, or needed sooner. Returns false,
   // changing nothing, when the key is cached or loading or there is no such room. After true,
   // exactly one of finish_prefetch / abandon_prefetch must follow.
-  bool begin_prefetch(const ObjectKey& key, uint64_t size, uint64_t rank);
+  bool begin_prefetch(const Key& key, uint64_t size, uint64_t rank);
   // Stores the object (its size must be the reserved size) and hands it to joined readers.
-  void finish_prefetch(const ObjectKey& key, ObjectBuffer buffer);
+  void finish_prefetch(const Key& key, ObjectBuffer buffer);
   // Releases the reservation; joined readers load the object themselves.
-  void abandon_prefetch(const ObjectKey& key, const std::string& why);
+  void abandon_prefetch(const Key& key, const std::string& why);
 
   // A reader has read this object to its end: the first to go when room is needed.
-  void mark_consumed(const ObjectKey& key);
+  void mark_consumed(const Key& key);
   // The cached object is predicted to be read at `rank`: it stays like a prefetch of that rank
   // (an object already read, or predicted later, is kept for this use). Returns it, or nullptr
   // (changing nothing) when it is not cached.
-  ObjectBuffer promote(const ObjectKey& key, uint64_t rank);
+  ObjectBuffer promote(const Key& key, uint64_t rank);
   // A new epoch: objects read in the last one are as likely as any unread object to be read
   // again, so they stay, ranked kUnorderedRank.
   void new_epoch();
@@ -149,24 +151,29 @@ class ObjectCache {
   // kDemand may evict anything not being read; kReadOnce only what is read or unpredicted.
   enum class RoomFor : uint8_t { kPrefetch, kDemand, kReadOnce };
 
-  void insert_locked(const ObjectKey& key, ObjectBuffer buffer, bool read_whole)
-      DSFS_REQUIRES(mutex_);
+  void insert_locked(const Key& key, ObjectBuffer buffer, bool read_whole) DSFS_REQUIRES(mutex_);
   // Evicts until `size` more bytes fit; false (evicting nothing) when they cannot.
   bool make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank) DSFS_REQUIRES(mutex_);
-  void set_standing_locked(const ObjectKey& key, Entry& entry, Standing standing, uint64_t order)
+  void set_standing_locked(const Key& key, Entry& entry, Standing standing, uint64_t order)
       DSFS_REQUIRES(mutex_);
-  void erase_entry_locked(std::unordered_map<ObjectKey, Entry, ObjectKeyHash>::iterator it)
+  void erase_entry_locked(std::unordered_map<Key, Entry, KeyHash>::iterator it)
       DSFS_REQUIRES(mutex_);
   void note_used_locked(Entry& entry) DSFS_REQUIRES(mutex_);
 
   const uint64_t capacity_bytes_;
   mutable Mutex mutex_;  // guards everything below
-  std::unordered_map<ObjectKey, Entry, ObjectKeyHash> entries_ DSFS_GUARDED_BY(mutex_);
+  std::unordered_map<Key, Entry, KeyHash> entries_ DSFS_GUARDED_BY(mutex_);
   // Serials are unique, so is each order.
-  std::map<VictimOrder, ObjectKey> victims_ DSFS_GUARDED_BY(mutex_);
-  std::unordered_map<ObjectKey, Loading, ObjectKeyHash> loading_ DSFS_GUARDED_BY(mutex_);
+  std::map<VictimOrder, Key> victims_ DSFS_GUARDED_BY(mutex_);
+  std::unordered_map<Key, Loading, KeyHash> loading_ DSFS_GUARDED_BY(mutex_);
   uint64_t clock_ DSFS_GUARDED_BY(mutex_) = 0;  // use counter for LRU order and serials
   CacheStats stats_ DSFS_GUARDED_BY(mutex_);
 };
+
+// The cache of Redis objects. The view directory keeps its rendered files in a cache of the same
+// kind keyed by its own type (fs/views.h); each key type is instantiated once (object_cache.cpp,
+// fs/views.cpp) from the definitions in object_cache_impl.h.
+using ObjectCache = BasicObjectCache<ObjectKey, ObjectKeyHash>;
+extern template class BasicObjectCache<ObjectKey, ObjectKeyHash>;
 
 }  // namespace dsfs::prefetch
