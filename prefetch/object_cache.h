@@ -156,7 +156,7 @@ class BasicObjectCache {
   bool make_room_locked(uint64_t size, RoomFor purpose, uint64_t rank) DSFS_REQUIRES(mutex_);
   void set_standing_locked(const Key& key, Entry& entry, Standing standing, uint64_t order)
       DSFS_REQUIRES(mutex_);
-  void erase_entry_locked(std::unordered_map<Key, Entry, KeyHash>::iterator it)
+  void erase_entry_locked(typename std::unordered_map<Key, Entry, KeyHash>::iterator it)
       DSFS_REQUIRES(mutex_);
   void note_used_locked(Entry& entry) DSFS_REQUIRES(mutex_);
 
