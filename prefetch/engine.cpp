@@ -74,15 +74,35 @@ void InflightControl::on_rtt_sample(std::chrono::nanoseconds sample, Clock::time
                                                          : std::min(period_min_, last_period_min_);
 }
 
-void InflightControl::on_fetched() {
+void InflightControl::on_fetched(Clock::time_point now) {
   if (window_ < max_) ++window_;
+  ++fetched_count_;
+  if (fetched_since_ == Clock::time_point{} || now - fetched_since_ > 1s) {
+    // The first, or the first after a pause: nothing to measure a rate over.
+    fetched_count_ = 1;
+    fetched_since_ = now;
+    return;
+  }
+  // At least a round trip: replies arrive spread over one.
+  if (now - fetched_since_ < std::max<std::chrono::nanoseconds>(50ms, rtt_)) return;
+  const double sample = static_cast<double>(fetched_count_) /
+                        std::chrono::duration<double>(now - fetched_since_).count();
+  fetch_rate_ = std::max(sample, 0.8 * fetch_rate_);
+  fetched_count_ = 0;
+  fetched_since_ = now;
 }
 
 size_t InflightControl::limit() const {
+  const double rtt_s = static_cast<double>(rtt_.count()) / 1e9;
   // Twice the bandwidth-delay product: replies also queue behind one another.
-  const double bdp = rate_ * (static_cast<double>(rtt_.count()) / 1e9);
-  const auto wanted = static_cast<size_t>(2 * bdp) + floor_;
-  return std::clamp(std::max(window_, wanted), floor_, max_);
+  const auto wanted = static_cast<size_t>(2 * rate_ * rtt_s) + floor_;
+  size_t window = window_;
+  if (fetch_rate_ > 0) {
+    // Four times what the path carried per round trip: twice its bandwidth-delay product, and
+    // room for slow start to double it in the next round trip.
+    window = std::min(window, static_cast<size_t>(4 * fetch_rate_ * rtt_s) + floor_);
+  }
+  return std::clamp(std::max(window, wanted), floor_, max_);
 }
 
 // --- PrefetchEngine ---
@@ -288,7 +308,7 @@ void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
     std::lock_guard lock(mutex_);
     --inflight_objects_;
     inflight_bytes_ -= fetch.length;
-    inflight_.on_fetched();
+    inflight_.on_fetched(Clock::now());
   }
   if (source_listener_ && fetch.single_object) {
     source_listener_(d, fetch.entry, fetch.rank, std::move(buffer));

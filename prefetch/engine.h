@@ -55,12 +55,14 @@ class InflightControl {
 
   void on_access(Clock::time_point now);
   void on_rtt_sample(std::chrono::nanoseconds sample, Clock::time_point now);
-  void on_fetched();  // slow start: one more in flight per completed prefetch
+  // A prefetch completed: slow start (one more in flight), and a sample of the fetch rate.
+  void on_fetched(Clock::time_point now);
   void on_idle() { window_ = floor_; }
   size_t limit() const;
 
   double rtt_ms() const { return rtt_.count() / 1e6; }
   double files_per_s() const { return rate_; }
+  double fetched_per_s() const { return fetch_rate_; }
   size_t max() const { return max_; }
 
  private:
@@ -70,6 +72,12 @@ class InflightControl {
   double rate_ = 0;  // files read per second, smoothed
   Clock::time_point rate_since_{};
   uint64_t rate_count_ = 0;
+  // Prefetches completed per second, the best recent sample: what the path to Redis carries.
+  // Slow start stops at four times this per round trip: past it, more in flight only queues at
+  // the server, where demand reads then wait behind guesses.
+  double fetch_rate_ = 0;
+  Clock::time_point fetched_since_{};
+  uint64_t fetched_count_ = 0;
   // Round trip: the smallest GET latency seen in the current and the last 2-second period
   // (later replies of a pipeline also wait behind earlier ones).
   std::chrono::nanoseconds rtt_{0};
