@@ -152,12 +152,27 @@ TEST(SlotMap, AGapIsUncoveredAndBadShapesAreRefused) {
 // Three cluster-enabled redis-servers that share the slots and have met.
 class RealCluster : public ::testing::Test {
  protected:
-  void SetUp() override {
-    for (int i = 0; i < 3; ++i) {
-      nodes_.push_back(std::make_unique<test::TestRedisServer>(
-          test::TestRedisOptions{.extra_args = {"--cluster-enabled", "yes", "--cluster-config-file",
-                                                "nodes.conf", "--cluster-node-timeout", "5000"}}));
+  // A cluster-enabled node. Its bus port is named: by default it is the client port + 10000,
+  // and a free client port above 55535 (the kernel hands those out too) has none, so the node
+  // refused to start. Another process may take the bus port before the node binds it: retried.
+  void start_node() {
+    for (int attempt = 1;; ++attempt) {
+      const int bus_port = test::free_tcp_port();
+      try {
+        nodes_.push_back(std::make_unique<test::TestRedisServer>(test::TestRedisOptions{
+            .extra_args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                           "--cluster-node-timeout", "5000", "--cluster-port",
+                           std::to_string(bus_port)}}));
+        bus_ports_.push_back(bus_port);
+        return;
+      } catch (const std::exception&) {
+        if (attempt == 5) throw;
+      }
     }
+  }
+
+  void SetUp() override {
+    for (int i = 0; i < 3; ++i) start_node();
     const uint32_t per_node = kClusterSlots / 3;
     for (int i = 0; i < 3; ++i) {
       Connection conn(nodes_[i]->endpoint());
@@ -166,7 +181,8 @@ class RealCluster : public ::testing::Test {
       conn.command({"CLUSTER", "ADDSLOTSRANGE", std::to_string(first), std::to_string(last)})
           .expect_ok("CLUSTER ADDSLOTSRANGE");
       if (i > 0) {
-        conn.command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[0]->port())})
+        conn.command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[0]->port()),
+                      std::to_string(bus_ports_[0])})
             .expect_ok("CLUSTER MEET");
       }
     }
@@ -185,6 +201,7 @@ class RealCluster : public ::testing::Test {
   }
 
   std::vector<std::unique_ptr<test::TestRedisServer>> nodes_;
+  std::vector<int> bus_ports_;
 };
 
 TEST_F(RealCluster, TheSlotMapRoutesEveryKeyAndAWrongNodeRedirectsToTheMapsOwner) {
