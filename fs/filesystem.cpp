@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <string_view>
@@ -94,7 +95,7 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
       fetcher_(pool_, catalog::KeySchema(options_.ns),
                prefetch::FetcherOptions{.timeout = options_.timeout}),
       reader_(cache_, fetcher_, options_.verify),
-      engine_(cache_, fetcher_, tree_.datasets(), pool_.endpoint(), options_.verify,
+      engine_(cache_, fetcher_, tree_.table(), pool_.endpoint(), options_.verify,
               prefetch::EngineOptions{.mode = options_.prefetch,
                                       .connections = options_.connections,
                                       .max_inflight = options_.max_inflight,
@@ -105,7 +106,11 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
       meta_node_(tree_, options_.ns),
       view_node_(tree_, views_),
       control_node_(
-          tree_, [this] { return stats_json(); }, engine_) {
+          tree_, [this] { return stats_json(); }, engine_,
+          [this](const std::vector<std::string>& names) { return watcher_.refresh(names); }),
+      watcher_(tree_, pool_.endpoint(), catalog::KeySchema(options_.ns), options_.watch,
+               options_.leases,
+               [this](const std::vector<std::string>& names) { datasets_changed(names); }) {
   using Kind = InodeRef::Kind;
   const auto route = [this](Kind kind, Node& node) { nodes_[static_cast<size_t>(kind)] = &node; };
   route(Kind::kRoot, root_node_);
@@ -119,15 +124,50 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
   route(Kind::kStats, control_node_);
   route(Kind::kStatsSnapshot, control_node_);
   route(Kind::kPlan, control_node_);
-  if (tree_.datasets().size() > kMaxViewDatasets) {
+  route(Kind::kRefresh, control_node_);
+  if (tree_.table().size() > kMaxViewDatasets) {
     spdlog::warn("only the first {} of {} datasets appear under {}", kMaxViewDatasets,
-                 tree_.datasets().size(), kViewsDirName);
+                 tree_.table().size(), kViewsDirName);
   }
   if (options_.prefetch != prefetch::PrefetchMode::kOff) reader_.set_engine(&engine_);
 }
 
 Filesystem::~Filesystem() {
+  watcher_.stop();
   engine_.stop();
+}
+
+void Filesystem::attach_session(fuse_session* session) {
+  MutexLock lock(session_mutex_);
+  session_ = session;
+}
+
+void Filesystem::datasets_changed(const std::vector<std::string>& names) {
+  std::vector<uint32_t> active;
+  for (const prefetch::DatasetSnapshot* d : tree_.listing()->datasets) active.push_back(d->index);
+  engine_.reshape(active);
+
+  // Every directory that lists datasets by name: the root, .meta and each .views/SPEC in use.
+  std::vector<uint64_t> parents = {kRootInode, kMetaDirInode};
+  const ViewRegistry& registry = views_.registry();
+  for (uint32_t slot = 0; slot < registry.max_slots() && registry.slot(slot); ++slot) {
+    parents.push_back(view_spec_inode(slot));
+  }
+  MutexLock lock(session_mutex_);
+  if (session_ == nullptr) return;
+  for (const uint64_t parent : parents) {
+    // Names first (a cached hit, or a cached miss of a dataset that now exists), then the
+    // directory's attributes (its link count) and cached listing. ENOENT: nothing was cached.
+    for (const std::string& name : names) {
+      const int error =
+          fuse_lowlevel_notify_inval_entry(session_, parent, name.data(), name.size());
+      if (error != 0 && error != -ENOENT) {
+        spdlog::debug("cannot invalidate the kernel's entry {}/{}: {}", parent,
+                      store::log_text(name), std::strerror(-error));
+      }
+    }
+    fuse_lowlevel_notify_inval_inode(session_, parent, 0, 0);
+  }
 }
 
 void Filesystem::start_views() {
@@ -147,11 +187,15 @@ void Filesystem::start_views() {
       ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
   // Plans may name view files; they stand for their source images.
   control_node_.plan().set_line_mapper(
-      [this](std::string_view line) { return views_.plan_source_path(line, tree_.datasets()); });
+      [this](std::string_view line) {
+        return views_.plan_source_path(line, tree_.listing()->datasets);
+      });
   views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
 }
 
 std::string Filesystem::stats_json() const {
+  const std::shared_ptr<const MountTree::Listing> listing = tree_.listing();
+  const WatchStats watch = watcher_.stats();
   return render_stats_json(StatsSources{
       .fs = counters_,
       .fetcher = fetcher_.stats(),
@@ -161,7 +205,9 @@ std::string Filesystem::stats_json() const {
       .reads = reader_.stats(),
       .prefetch = engine_.stats(),
       .plan_unresolved = control_node_.plan().unresolved(),
-      .datasets = tree_.datasets(),
+      .datasets = listing->datasets,
+      .watch = watch,
+      .watch_options = watcher_.options(),
       .started = started_,
       .redis_endpoint = pool_.endpoint().describe(),
       .ns = options_.ns,
@@ -293,8 +339,8 @@ struct Handlers {
   static void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     guarded(req, Op::kOpen, [&](Filesystem& fs) {
       const Target t = target(fs, ino);
-      if (t.ref.kind == InodeRef::Kind::kPlan) {
-        // The one writable file: every write must reach the plan, so no page cache.
+      if (t.ref.kind == InodeRef::Kind::kPlan || t.ref.kind == InodeRef::Kind::kRefresh) {
+        // A writable file: every write must reach the node, so no page cache.
         if (fs.no_open_) return (void)fuse_reply_err(req, ENOSYS);
         fi->direct_io = 1;
         return (void)fuse_reply_open(req, fi);
@@ -444,9 +490,9 @@ struct Handlers {
       struct statvfs st {};
       uint64_t bytes = 0;
       uint64_t entries = 4;
-      for (const prefetch::DatasetSnapshot& d : fs.tree_.datasets()) {
-        bytes += d.catalog->total_bytes();
-        entries += d.catalog->entry_count() + 1 + std::size(kMetaFiles);
+      for (const prefetch::DatasetSnapshot* d : fs.tree_.listing()->datasets) {
+        bytes += d->catalog->total_bytes();
+        entries += d->catalog->entry_count() + 1 + std::size(kMetaFiles);
       }
       st.f_bsize = kBlock;
       st.f_frsize = kBlock;
@@ -516,7 +562,9 @@ struct Handlers {
                       fuse_file_info*) {
     guarded(req, Op::kWrite, [&](Filesystem& fs) {
       const Target t = target(fs, ino);
-      if (t.ref.kind != InodeRef::Kind::kPlan) return fail(fs, req, EROFS);
+      if (t.ref.kind != InodeRef::Kind::kPlan && t.ref.kind != InodeRef::Kind::kRefresh) {
+        return fail(fs, req, EROFS);
+      }
       if (to_set & FUSE_SET_ATTR_SIZE) {
         if (attr->st_size < 0) return fail(fs, req, EINVAL);
         const int error = t.node->truncate(t.ref, static_cast<uint64_t>(attr->st_size));

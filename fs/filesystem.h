@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/backend.h"
+#include "fs/dataset_watcher.h"
 #include "fs/inodes.h"
 #include "fs/node.h"
 #include "fs/nodes/control_node.h"
@@ -26,6 +27,7 @@
 #include "src/store/pool.h"
 
 struct fuse_lowlevel_ops;
+struct fuse_session;
 
 namespace dsfs::fs {
 
@@ -36,6 +38,13 @@ inline constexpr uint64_t kDefaultViewCacheBytes = uint64_t{256} << 20;
 // A cache that fits comfortably: 1 GiB, or an eighth of physical memory when that is less
 // (but at least 64 MiB).
 uint64_t default_cache_bytes();
+
+// Watching without polling: only `dsfs refresh` changes the datasets.
+inline WatchOptions no_polling() {
+  WatchOptions options;
+  options.interval = std::chrono::milliseconds{0};
+  return options;
+}
 
 struct FilesystemOptions {
   std::string ns = "dsfs";
@@ -52,6 +61,12 @@ struct FilesystemOptions {
   uint64_t view_render_memory_bytes = view::kDefaultRenderMemoryBytes;
   prefetch::PrefetchMode prefetch = prefetch::PrefetchMode::kAuto;
   size_t max_inflight = 0;  // 0: derived from the cache size
+  // Datasets appearing, going and being refreshed while mounted. No polling by default here;
+  // `dsfs mount` polls every --watch-interval.
+  WatchOptions watch = no_polling();
+  // Pins each generation the watcher lists (and is told of those it stops serving); null: no
+  // leases. Must outlive the Filesystem.
+  GenerationLeases* leases = nullptr;
 };
 
 // The FUSE request handlers (filesystem.cpp) are thin glue: they decode an inode, ask the Node
@@ -85,8 +100,17 @@ class Filesystem {
   void start_views();
   // Starts fetching ahead (options().prefetch). Like start_views, after any fork.
   void start_prefetch() { engine_.start(); }
+  // Starts polling Redis for datasets that appear, go or change (options().watch). Like
+  // start_views, after any fork.
+  void start_watching() { watcher_.start(); }
 
-  const std::vector<prefetch::DatasetSnapshot>& datasets() const { return tree_.datasets(); }
+  // The FUSE session serving this filesystem, told of every change of the tree (the kernel's
+  // cached names and listings are invalidated); nullptr while none is (Session sets it).
+  void attach_session(fuse_session* session);
+  DatasetWatcher& watcher() { return watcher_; }
+
+  const MountTree& tree() const { return tree_; }
+  MountTree& tree() { return tree_; }
   const FilesystemOptions& options() const { return options_; }
   std::string stats_json() const;
   const FsCounters& counters() const { return counters_; }
@@ -99,6 +123,9 @@ class Filesystem {
 
  private:
   friend struct Handlers;
+  // After the watcher changed the tree: predicts for the datasets listed now and invalidates
+  // what the kernel cached of `names` and of the directories listing them.
+  void datasets_changed(const std::vector<std::string>& names);
 
   FilesystemOptions options_;
   MountTree tree_;
@@ -115,6 +142,10 @@ class Filesystem {
   ViewNode view_node_;
   ControlNode control_node_;
   std::array<Node*, kInodeKindCount> nodes_{};
+  Mutex session_mutex_;
+  fuse_session* session_ DSFS_GUARDED_BY(session_mutex_) = nullptr;
+  // Last: stopped (and destroyed) before anything its passes reach.
+  DatasetWatcher watcher_;
   // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
   bool no_open_ = false;
   // Nor OPENDIR and RELEASEDIR for directories (FUSE_CAP_NO_OPENDIR_SUPPORT): set by init.

@@ -35,6 +35,7 @@ InodeRef decode_kind(uint64_t ino) {
   if (ino == kStatsInode) return {.kind = Kind::kStats};
   if (ino == kViewsDirInode) return {.kind = Kind::kViewsDir};
   if (ino == kPlanInode) return {.kind = Kind::kPlan};
+  if (ino == kRefreshInode) return {.kind = Kind::kRefresh};
   if (ino & kViewInodeFlag) {
     const auto slot = static_cast<uint32_t>((ino >> 48) & ((uint64_t{1} << kViewSlotBits) - 1));
     const auto dataset_plus_one = static_cast<uint32_t>((ino >> 32) & 0xffffu);

@@ -2,7 +2,8 @@
 // Inode numbers are computed from what they name, so the kernel's inode is all a request needs
 // and nothing is stored per inode:
 //   1                         the mount root
-//   2, 3, 4, 5, 6             .meta, .dsfs, .dsfs/stats.json, .views, .dsfs/plan
+//   2, 3, 4, 5, 6, 7          .meta, .dsfs, .dsfs/stats.json, .views, .dsfs/plan,
+//                             .dsfs/refresh
 //   16 + 8*D + k              .meta/NAME of dataset D (k = 0) and its files (k = 1..4)
 //   ((D + 1) << 32) | E       catalogue entry E of dataset D (E = 0: the dataset's root)
 //   (1 << 62) | N             snapshot N of .dsfs/stats.json (one per lookup; see Filesystem)
@@ -23,11 +24,13 @@ inline constexpr uint64_t kControlDirInode = 3;
 inline constexpr uint64_t kStatsInode = 4;  // the name; its contents live in snapshot inodes
 inline constexpr uint64_t kViewsDirInode = 5;
 inline constexpr uint64_t kPlanInode = 6;
+inline constexpr uint64_t kRefreshInode = 7;
 inline constexpr uint64_t kStatsSnapshotBase = uint64_t{1} << 62;
 inline constexpr std::string_view kMetaDirName = ".meta";
 inline constexpr std::string_view kControlDirName = ".dsfs";
 inline constexpr std::string_view kStatsFileName = "stats.json";
 inline constexpr std::string_view kPlanFileName = "plan";
+inline constexpr std::string_view kRefreshFileName = "refresh";
 inline constexpr std::string_view kViewsDirName = ".views";
 
 enum class MetaFile : uint32_t {
@@ -42,7 +45,8 @@ inline constexpr MetaFile kMetaFiles[] = {MetaFile::kInfo, MetaFile::kClasses, M
 std::string_view meta_file_name(MetaFile file);
 std::optional<MetaFile> meta_file_by_name(std::string_view name);
 
-// Datasets a mount can hold: dataset inodes must stay above the virtual ones and below 2^64.
+// Dataset indices a mount can give out over its life (a dataset that appears or is refreshed
+// takes a new one): dataset inodes must stay above the virtual ones and below 2^64.
 inline constexpr uint32_t kMaxDatasets = (1u << 28) - 1;
 
 // View inodes: bit 63, a 15-bit slot (below kMaxViewSlots, the registry's bound), a 16-bit
@@ -78,7 +82,8 @@ struct InodeRef {
     kControlDir,
     kStats,
     kStatsSnapshot,
-    kPlan,  // .dsfs/plan: the one writable file
+    kPlan,     // .dsfs/plan: the prefetch hint, writable
+    kRefresh,  // .dsfs/refresh: writing dataset names refreshes them
     kMeta,
     kEntry,
     kViewsDir,   // .views

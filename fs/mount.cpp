@@ -175,9 +175,22 @@ void GenerationLeases::unpin(store::Connection& conn, const std::string& name) {
   catalog::unpin_generation(conn, keys_, lease->name, reader_id_, lease->generation);
 }
 
+void GenerationLeases::unpin(store::Connection& conn, const std::string& name,
+                             uint64_t generation) {
+  forget(name, generation);
+  catalog::unpin_generation(conn, keys_, name, reader_id_, generation);
+}
+
+void GenerationLeases::forget(const std::string& name, uint64_t generation) {
+  MutexLock lock(mutex_);
+  std::erase_if(leases_,
+                [&](const Lease& l) { return l.name == name && l.generation == generation; });
+}
+
 void GenerationLeases::start_refreshing() {
   MutexLock lock(mutex_);
-  if (refresher_.joinable() || released_ || leases_.empty()) return;
+  // Even with no lease yet: datasets published later are pinned while the mount lives.
+  if (refresher_.joinable() || released_) return;
   refresher_ = std::jthread([this](std::stop_token stop) { refresh_loop(std::move(stop)); });
 }
 
@@ -233,7 +246,7 @@ void GenerationLeases::refresh_all() {
     spdlog::error(
         "dataset '{}': generation {}, which this mount serves, is gone (removed with `dsfs rm`, "
         "or collected while the mount's lease had lapsed); reads of files not yet cached fail "
-        "with EIO; remount to serve the current generation",
+        "with EIO; `dsfs refresh` (or a remount) serves the current one",
         lease.name, lease.generation);
   }
   MutexLock lock(mutex_);
@@ -388,7 +401,8 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
 
 // ---- Session ----------------------------------------------------------------------------------
 
-Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std::move(options)) {
+Session::Session(Filesystem& filesystem, SessionOptions options)
+    : options_(std::move(options)), filesystem_(filesystem) {
   // Not "ro": .dsfs/plan takes writes. Every other change is answered EROFS by the filesystem.
   std::string mount_options = "fsname=dsfs,subtype=dsfs,default_permissions";
   for (const std::string& option : options_.fuse_options) {
@@ -421,6 +435,7 @@ Session::Session(Filesystem& filesystem, SessionOptions options) : options_(std:
         options_.mountpoint.string()));
   }
   mounted_ = true;
+  filesystem.attach_session(session_);
 }
 
 Session::~Session() {
@@ -450,6 +465,7 @@ void Session::exit() {
 void Session::unmount() {
   if (!mounted_) return;
   mounted_ = false;
+  filesystem_.attach_session(nullptr);
   fuse_session_unmount(session_);
 }
 
@@ -484,6 +500,7 @@ Mount::Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapsho
   filesystem_->start_views();
   filesystem_->start_prefetch();
   session_ = std::make_unique<Session>(*filesystem_, std::move(options.session));
+  filesystem_->start_watching();
   loop_ = std::async(std::launch::async, [session = session_.get()] { return session->run(); });
 }
 

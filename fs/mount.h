@@ -72,6 +72,12 @@ class GenerationLeases {
   // Unpins the lease pin_current took on `name` (a dataset the mount then failed to load), so
   // nothing keeps it pinned; a no-op for a name not pinned. Throws store errors.
   void unpin(store::Connection& conn, const std::string& name);
+  // Unpins the lease on generation `generation` of `name` (a generation the mount stopped
+  // serving); a no-op if there is none. Throws store errors (the lease then is no longer
+  // renewed and expires by itself).
+  void unpin(store::Connection& conn, const std::string& name, uint64_t generation);
+  // Stops renewing that lease without telling Redis (it expires after the ttl).
+  void forget(const std::string& name, uint64_t generation);
   // Starts renewing. Call once this process will not fork any more: threads do not survive it.
   void start_refreshing();
   // Stops renewing and unpins every lease, best effort: a failure is logged and that lease
@@ -136,7 +142,8 @@ struct SessionOptions {
 };
 
 // A mounted FUSE session serving `filesystem`: mounted by the constructor, unmounted and
-// destroyed by the destructor. The filesystem must outlive it.
+// destroyed by the destructor. The filesystem must outlive it; it is told of the session
+// (Filesystem::attach_session) while mounted.
 class Session {
  public:
   Session(Filesystem& filesystem, SessionOptions options);
@@ -157,6 +164,7 @@ class Session {
 
  private:
   SessionOptions options_;
+  Filesystem& filesystem_;
   fuse_session* session_ = nullptr;
   bool mounted_ = false;
   bool signal_handlers_ = false;

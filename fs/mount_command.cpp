@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -34,6 +36,7 @@
 #include "fs/inodes.h"
 #include "fs/mount.h"
 #include "src/catalog/keys.h"
+#include "src/catalog/names.h"
 #include "src/store/embedded_server.h"
 
 extern char** environ;
@@ -66,6 +69,13 @@ struct MountArgs {
   uint64_t view_max_pixels = view::kDefaultMaxPixels;
   uint64_t view_render_memory_bytes = view::kDefaultRenderMemoryBytes;
   std::string log_file;
+  double watch_interval_s = static_cast<double>(kDefaultWatchInterval.count()) / 1000.0;
+  bool follow_updates = false;
+};
+
+struct RefreshArgs {
+  std::string mountpoint;
+  std::vector<std::string> datasets;
 };
 
 struct UmountArgs {
@@ -199,6 +209,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   const std::filesystem::path mountpoint = check_mountpoint(args.mountpoint);
   if (args.timeout_s <= 0) throw std::invalid_argument("--timeout must be positive");
   if (args.lease_ttl_s < 1) throw std::invalid_argument("--lease-ttl must be at least 1s");
+  if (args.watch_interval_s < 0) throw std::invalid_argument("--watch-interval cannot be negative");
   const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
 
@@ -236,6 +247,11 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.view_render_memory_bytes = args.view_render_memory_bytes;
   fs_options.prefetch = prefetch::parse_prefetch_mode(args.prefetch);
   fs_options.max_inflight = args.max_inflight;
+  fs_options.watch = WatchOptions{
+      .names = args.datasets,
+      .interval = std::chrono::milliseconds(static_cast<int64_t>(args.watch_interval_s * 1000)),
+      .follow_updates = args.follow_updates};
+  fs_options.leases = &leases;
   const size_t dataset_count = datasets.size();
   Filesystem filesystem(endpoint, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
@@ -262,6 +278,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     throw cli::ExitCode{1};
   }
   leases.start_refreshing();  // after the fork: the thread must run in the daemon
+  filesystem.start_watching();
   session.install_signal_handlers();
   // Reports readiness once a real request has been answered: stat() of the mount's root only
   // returns after the kernel's INIT and a GETATTR went through this process. Readahead is set
@@ -375,6 +392,85 @@ void run_umount(const UmountArgs& args) {
 
 }  // namespace
 
+// The "datasets" object of MOUNT/.dsfs/stats.json: name -> generation.
+std::map<std::string, uint64_t> mounted_generations(const std::filesystem::path& mountpoint) {
+  const std::filesystem::path stats = mountpoint / kControlDirName / kStatsFileName;
+  std::ifstream in(stats);
+  if (!in) {
+    throw std::runtime_error(fmt::format("cannot read {}: is {} a dsfs mount?", stats.string(),
+                                         mountpoint.string()));
+  }
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::map<std::string, uint64_t> generations;
+  if (!json.is_object() || !json.contains("datasets") || !json["datasets"].is_object()) {
+    throw std::runtime_error(fmt::format("{} has no datasets section", stats.string()));
+  }
+  for (const auto& [name, d] : json["datasets"].items()) {
+    generations[name] = d.value("generation", uint64_t{0});
+  }
+  return generations;
+}
+
+void run_refresh(const RefreshArgs& args) {
+  const std::filesystem::path mountpoint = args.mountpoint;
+  for (const std::string& name : args.datasets) catalog::validate_dataset_name(name);
+  const std::map<std::string, uint64_t> before = mounted_generations(mountpoint);
+  const std::filesystem::path file = mountpoint / kControlDirName / kRefreshFileName;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    throw std::runtime_error(fmt::format(
+        "cannot open {}: {}{}", file.string(), std::strerror(error),
+        error == ENOENT ? "; is this a dsfs mount of version 0.2 or later?"
+        : error == EROFS ? "; the mount was made read-only (-o ro): remount it without"
+                         : ""));
+  }
+  std::string request;
+  for (const std::string& name : args.datasets) request += name + "\n";
+  if (request.empty()) request = "\n";
+  const ssize_t written = ::write(fd, request.data(), request.size());
+  const int error = errno;
+  ::close(fd);
+  if (written < 0) {
+    switch (error) {
+      case ENOENT:
+        throw std::runtime_error(fmt::format(
+            "no such dataset is published (see `dsfs list`); nothing was refreshed on {}",
+            mountpoint.string()));
+      case EINVAL:
+        throw std::runtime_error("a dataset name is not valid");
+      default:
+        throw std::runtime_error(fmt::format(
+            "refresh of {} failed: {}; the mount's log says why (Redis unreachable, or a "
+            "damaged dataset)",
+            mountpoint.string(), std::strerror(error)));
+    }
+  }
+  const std::map<std::string, uint64_t> after = mounted_generations(mountpoint);
+  bool any = false;
+  for (const auto& [name, generation] : after) {
+    const auto was = before.find(name);
+    if (was == before.end()) {
+      fmt::print("{}: appeared (generation {})\n", name, generation);
+      any = true;
+    } else if (was->second != generation) {
+      fmt::print("{}: generation {} -> {}\n", name, was->second, generation);
+      any = true;
+    } else if (args.datasets.empty() ||
+               std::find(args.datasets.begin(), args.datasets.end(), name) !=
+                   args.datasets.end()) {
+      fmt::print("{}: generation {}, already current\n", name, generation);
+    }
+  }
+  for (const auto& [name, generation] : before) {
+    if (!after.contains(name)) {
+      fmt::print("{}: removed (was generation {})\n", name, generation);
+      any = true;
+    }
+  }
+  if (!any && after.empty()) fmt::print("no datasets are published; the mount is empty\n");
+}
+
 void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   auto mount_args = std::make_shared<MountArgs>();
   CLI::App* mount = app.add_subcommand(
@@ -414,6 +510,17 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "dies without unmounting; renewed every third of it (e.g. 60s)")
       ->transform(duration_units())
       ->capture_default_str();
+  mount
+      ->add_option("--watch-interval", mount_args->watch_interval_s,
+                   "How often Redis is checked for datasets published, removed or re-ingested "
+                   "since the mount (e.g. 2s; 0: never, only `dsfs refresh`). New datasets appear "
+                   "(with no --dataset), removed ones disappear; a re-ingested one keeps its "
+                   "generation until `dsfs refresh` or --follow-updates")
+      ->transform(duration_units())
+      ->capture_default_str();
+  mount->add_flag("--follow-updates", mount_args->follow_updates,
+                  "Switch to a re-ingested dataset's new generation as soon as it is seen; files "
+                  "already open keep reading the generation they were opened in");
   mount->add_flag("--verify", mount_args->verify,
                   "Check every file's checksum when it is fetched (a mismatch is EIO)");
   mount->add_option("--threads", mount_args->threads, "FUSE request threads")
@@ -514,6 +621,17 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       ->transform(duration_units())
       ->capture_default_str();
   umount->callback([umount_args] { run_umount(*umount_args); });
+
+  auto refresh_args = std::make_shared<RefreshArgs>();
+  CLI::App* refresh = app.add_subcommand(
+      "refresh",
+      "Switch a mount's datasets to their current generation now (after a re-ingest), and show "
+      "datasets published or removed since the last check. Files already open keep reading the "
+      "generation they were opened in; files opened afterwards read the new one.");
+  refresh->add_option("MOUNTPOINT", refresh_args->mountpoint, "Where dsfs is mounted")->required();
+  refresh->add_option("DATASET", refresh_args->datasets,
+                      "Datasets to refresh (default: every dataset of the mount)");
+  refresh->callback([refresh_args] { run_refresh(*refresh_args); });
 }
 
 }  // namespace dsfs::fs

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <ctime>
 #include <stdexcept>
 
@@ -38,32 +39,94 @@ mode_t directory_permissions(uint32_t ingested) {
 
 }  // namespace
 
-MountTree::MountTree(std::vector<prefetch::DatasetSnapshot> datasets)
-    : datasets_(std::move(datasets)),
-      mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
-      owner_uid_(getuid()),
-      owner_gid_(getgid()) {
-  if (datasets_.size() > kMaxDatasets) {
-    throw std::invalid_argument(fmt::format("a mount can hold at most {} datasets", kMaxDatasets));
-  }
-  for (uint32_t i = 0; i < datasets_.size(); ++i) {
-    prefetch::DatasetSnapshot& d = datasets_[i];
-    d.index = i;
-    if (!d.catalog) throw std::invalid_argument("dataset snapshot without a catalogue");
-    if (d.name() == kMetaDirName || d.name() == kControlDirName || d.name() == kViewsDirName) {
-      throw std::invalid_argument(fmt::format(
-          "a dataset named '{}' would hide the mount's own {} directory", d.name(), d.name()));
-    }
-    if (!by_name_.emplace(d.name(), i).second) {
-      throw std::invalid_argument(fmt::format("dataset '{}' named twice", d.name()));
-    }
+namespace {
+
+// Throws std::invalid_argument for a name that would hide the mount's own directories.
+void check_listable(const prefetch::DatasetSnapshot& d) {
+  if (d.name() == kMetaDirName || d.name() == kControlDirName || d.name() == kViewsDirName) {
+    throw std::invalid_argument(fmt::format(
+        "a dataset named '{}' would hide the mount's own {} directory", d.name(), d.name()));
   }
 }
 
+std::vector<prefetch::DatasetSnapshot> checked(std::vector<prefetch::DatasetSnapshot> datasets) {
+  if (datasets.size() > kMaxDatasets) {
+    throw std::invalid_argument(fmt::format("a mount can hold at most {} datasets", kMaxDatasets));
+  }
+  std::set<std::string_view> names;
+  for (const prefetch::DatasetSnapshot& d : datasets) {
+    if (!d.catalog) throw std::invalid_argument("dataset snapshot without a catalogue");
+    check_listable(d);
+    if (!names.insert(d.name()).second) {
+      throw std::invalid_argument(fmt::format("dataset '{}' named twice", d.name()));
+    }
+  }
+  return datasets;
+}
+
+}  // namespace
+
+MountTree::MountTree(std::vector<prefetch::DatasetSnapshot> datasets)
+    : table_(checked(std::move(datasets))),
+      mounted_unix_(static_cast<int64_t>(std::time(nullptr))),
+      owner_uid_(getuid()),
+      owner_gid_(getgid()) {
+  std::vector<const prefetch::DatasetSnapshot*> listed;
+  for (uint32_t i = 0; i < table_.size(); ++i) listed.push_back(table_.get(i));
+  listing_ = make_listing(std::move(listed));
+}
+
+std::shared_ptr<const MountTree::Listing> MountTree::make_listing(
+    std::vector<const prefetch::DatasetSnapshot*> datasets) {
+  auto listing = std::make_shared<Listing>();
+  listing->datasets = std::move(datasets);
+  for (const prefetch::DatasetSnapshot* d : listing->datasets) {
+    listing->by_name.emplace(d->name(), d->index);
+  }
+  return listing;
+}
+
+std::shared_ptr<const MountTree::Listing> MountTree::listing() const {
+  MutexLock lock(listing_mutex_);
+  return listing_;
+}
+
 std::optional<uint32_t> MountTree::find(std::string_view name) const {
-  const auto it = by_name_.find(std::string(name));
-  if (it == by_name_.end()) return std::nullopt;
+  const std::shared_ptr<const Listing> now = listing();
+  const auto it = now->by_name.find(name);
+  if (it == now->by_name.end()) return std::nullopt;
   return it->second;
+}
+
+const prefetch::DatasetSnapshot& MountTree::list(prefetch::DatasetSnapshot snapshot) {
+  check_listable(snapshot);
+  const prefetch::DatasetSnapshot& stored = table_.append(std::move(snapshot));
+  std::vector<const prefetch::DatasetSnapshot*> listed = listing()->datasets;
+  const auto same_name = std::find_if(listed.begin(), listed.end(), [&](const auto* d) {
+    return d->name() == stored.name();
+  });
+  if (same_name != listed.end()) {
+    *same_name = &stored;  // keeps its place in listings
+  } else {
+    listed.push_back(&stored);
+  }
+  std::shared_ptr<const Listing> next = make_listing(std::move(listed));
+  MutexLock lock(listing_mutex_);
+  listing_ = std::move(next);
+  return stored;
+}
+
+std::optional<uint32_t> MountTree::unlist(std::string_view name) {
+  std::vector<const prefetch::DatasetSnapshot*> listed = listing()->datasets;
+  const auto it = std::find_if(listed.begin(), listed.end(),
+                               [&](const auto* d) { return d->name() == name; });
+  if (it == listed.end()) return std::nullopt;
+  const uint32_t index = (*it)->index;
+  listed.erase(it);
+  std::shared_ptr<const Listing> next = make_listing(std::move(listed));
+  MutexLock lock(listing_mutex_);
+  listing_ = std::move(next);
+  return index;
 }
 
 Attributes MountTree::generated(uint64_t ino, mode_t mode, nlink_t nlink, uint64_t size,

@@ -18,6 +18,8 @@
 
 #include "fs/inodes.h"
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/dataset_table.h"
+#include "src/store/thread_annotations.h"
 
 namespace dsfs::fs {
 
@@ -36,21 +38,43 @@ struct Attributes {
 };
 
 // The datasets a mount serves and who owns its files; builds the attributes every kind shares.
-// Thread safety: immutable after construction; shared by every thread without a lock.
+//
+// Datasets come and go while mounted (fs/dataset_watcher.h): each snapshot keeps its index in
+// the DatasetTable for the mount's life, so an inode names one generation for good, and the
+// *listing* says which snapshot each name shows now. A dataset re-ingested and refreshed gets a
+// new index under the same name; files open under the old one keep reading the old generation.
+//
+// Thread safety: dataset() is lock-free; listing() and find() take a short lock and return
+// immutable snapshots; list()/unlist() are called by one thread at a time (the watcher), and
+// may run while any number of threads read.
 class MountTree {
  public:
-  // Numbers the datasets (their index is part of inodes and cache keys). Throws
-  // std::invalid_argument for a name twice, a name that would hide .meta, .dsfs or .views, a
-  // snapshot without a catalogue, or more than kMaxDatasets.
+  // The datasets listed now, in the order they are listed, and their names.
+  struct Listing {
+    std::vector<const prefetch::DatasetSnapshot*> datasets;
+    std::unordered_map<std::string_view, uint32_t> by_name;  // name -> index
+  };
+
+  // Numbers the datasets (their index is part of inodes and cache keys) and lists them all.
+  // Throws std::invalid_argument for a name twice, a name that would hide .meta, .dsfs or
+  // .views, a snapshot without a catalogue, or more than kMaxDatasets.
   explicit MountTree(std::vector<prefetch::DatasetSnapshot> datasets);
 
-  const std::vector<prefetch::DatasetSnapshot>& datasets() const { return datasets_; }
-  // nullptr for an index this mount does not have.
-  const prefetch::DatasetSnapshot* dataset(uint32_t index) const {
-    return index < datasets_.size() ? &datasets_[index] : nullptr;
-  }
+  const prefetch::DatasetTable& table() const { return table_; }
+  // nullptr for an index this mount does not have; listed or not, a snapshot stays readable.
+  const prefetch::DatasetSnapshot* dataset(uint32_t index) const { return table_.get(index); }
+  std::shared_ptr<const Listing> listing() const;
+  // The index listed under `name` now.
   std::optional<uint32_t> find(std::string_view name) const;
   int64_t mounted_unix() const { return mounted_unix_; }
+
+  // Lists `snapshot` under its name, in place of the snapshot listed under it before (which
+  // stays readable by its index), and returns the stored snapshot. Throws std::invalid_argument
+  // for a name that would hide the mount's own directories or no catalogue, std::length_error
+  // when the table is full.
+  const prefetch::DatasetSnapshot& list(prefetch::DatasetSnapshot snapshot);
+  // Stops listing `name`; returns the index it showed, or nullopt if it showed none.
+  std::optional<uint32_t> unlist(std::string_view name);
 
   // A generated directory or file (.meta, .dsfs, ...) owned by the mount's owner.
   Attributes generated(uint64_t ino, mode_t mode, nlink_t nlink, uint64_t size,
@@ -61,8 +85,13 @@ class MountTree {
                    std::optional<uint64_t> view_size = std::nullopt) const;
 
  private:
-  std::vector<prefetch::DatasetSnapshot> datasets_;
-  std::unordered_map<std::string, uint32_t> by_name_;
+  // Builds a listing of `datasets` (in that order).
+  static std::shared_ptr<const Listing> make_listing(
+      std::vector<const prefetch::DatasetSnapshot*> datasets);
+
+  prefetch::DatasetTable table_;
+  mutable Mutex listing_mutex_;
+  std::shared_ptr<const Listing> listing_ DSFS_GUARDED_BY(listing_mutex_);
   const int64_t mounted_unix_;
   const uint32_t owner_uid_;
   const uint32_t owner_gid_;

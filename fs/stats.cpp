@@ -188,6 +188,23 @@ nlohmann::ordered_json views_json(const ViewStats& v) {
 
 }  // namespace
 
+namespace {
+
+nlohmann::ordered_json watch_json(const WatchStats& w, const WatchOptions& options) {
+  nlohmann::ordered_json pending = nlohmann::ordered_json::object();
+  for (const auto& [name, generation] : w.pending) pending[name] = generation;
+  return {{"interval_s", static_cast<double>(options.interval.count()) / 1000.0},
+          {"follow_updates", options.follow_updates},
+          {"passes", w.polls},
+          {"failures", w.poll_failures},
+          {"added", w.added},
+          {"removed", w.removed},
+          {"refreshed", w.refreshed},
+          {"pending", pending}};
+}
+
+}  // namespace
+
 std::string render_stats_json(const StatsSources& sources) {
   auto load = [](const std::atomic<uint64_t>& counter) {
     return counter.load(std::memory_order_relaxed);
@@ -210,11 +227,11 @@ std::string render_stats_json(const StatsSources& sources) {
   errors["view_render"] = sources.views.render_errors;
 
   nlohmann::ordered_json datasets = nlohmann::ordered_json::object();
-  for (const prefetch::DatasetSnapshot& d : sources.datasets) {
-    datasets[d.name()] = {{"generation", d.generation()},
-                          {"files", d.catalog->file_count()},
-                          {"bytes", d.catalog->total_bytes()},
-                          {"catalog_memory_bytes", d.catalog->memory_bytes()}};
+  for (const prefetch::DatasetSnapshot* d : sources.datasets) {
+    datasets[d->name()] = {{"generation", d->generation()},
+                           {"files", d->catalog->file_count()},
+                           {"bytes", d->catalog->total_bytes()},
+                           {"catalog_memory_bytes", d->catalog->memory_bytes()}};
   }
   const prefetch::CacheStats& c = sources.cache;
   const double uptime =
@@ -238,6 +255,7 @@ std::string render_stats_json(const StatsSources& sources) {
       {"prefetch", prefetch_json(sources.reads, sources.prefetch, c, sources.plan_unresolved)},
       {"views", views_json(sources.views)},
       {"datasets", datasets},
+      {"watch", watch_json(sources.watch, sources.watch_options)},
   };
   return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }

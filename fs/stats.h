@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/dataset_watcher.h"
 #include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/engine.h"
@@ -74,7 +75,9 @@ struct StatsSources {
   const prefetch::ReadStats& reads;
   prefetch::EngineStats prefetch;
   uint64_t plan_unresolved = 0;  // plan lines that named no file of the mount
-  const std::vector<prefetch::DatasetSnapshot>& datasets;
+  const std::vector<const prefetch::DatasetSnapshot*>& datasets;  // those listed
+  const WatchStats& watch;
+  const WatchOptions& watch_options;
   std::chrono::steady_clock::time_point started;
   std::string_view redis_endpoint;  // already redacted
   std::string_view ns;

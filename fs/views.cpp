@@ -296,7 +296,7 @@ void ViewFiles::set_active(const prefetch::DatasetSnapshot& dataset, uint32_t ca
 }
 
 std::optional<std::string> ViewFiles::plan_source_path(
-    std::string_view line, const std::vector<prefetch::DatasetSnapshot>& all) {
+    std::string_view line, const std::vector<const prefetch::DatasetSnapshot*>& listed) {
   const std::string prefix = fmt::format("{}/", kViewsDirName);
   if (!line.starts_with(prefix)) return std::nullopt;
   line.remove_prefix(prefix.size());
@@ -309,9 +309,9 @@ std::optional<std::string> ViewFiles::plan_source_path(
   if (!source || name.size() == dataset_path.size()) return std::string();
   const ViewRegistry::Found found = registry_.find_or_add(spec);
   if (!found.slot) return std::string();
-  for (const prefetch::DatasetSnapshot& d : all) {
-    if (d.name() == name && d.index < kMaxViewDatasets) {
-      set_active(d, registry_.slot(*found.slot)->canonical, std::nullopt);
+  for (const prefetch::DatasetSnapshot* d : listed) {
+    if (d->name() == name && d->index < kMaxViewDatasets) {
+      set_active(*d, registry_.slot(*found.slot)->canonical, std::nullopt);
       return std::string(*source);
     }
   }

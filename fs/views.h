@@ -190,8 +190,8 @@ class ViewFiles {
 
   // Plan lines naming view files (.views/SPEC/NAME/path.npy) stand for their source images
   // (NAME/path); the SPEC becomes the one rendered ahead for NAME. nullopt for other lines.
-  std::optional<std::string> plan_source_path(std::string_view line,
-                                              const std::vector<prefetch::DatasetSnapshot>& all);
+  std::optional<std::string> plan_source_path(
+      std::string_view line, const std::vector<const prefetch::DatasetSnapshot*>& listed);
 
   ViewStats stats() const;
 

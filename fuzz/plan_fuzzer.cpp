@@ -38,7 +38,7 @@ struct Fixture {
     tree = std::make_unique<fs::MountTree>(std::move(datasets));
     // Never started and never connected: the plan file only parses and resolves.
     engine = std::make_unique<prefetch::PrefetchEngine>(
-        cache, fetcher, tree->datasets(), endpoint, false,
+        cache, fetcher, tree->table(), endpoint, false,
         prefetch::EngineOptions{.mode = prefetch::PrefetchMode::kPlan, .connections = 1});
     plan = std::make_unique<fs::PlanFile>(*tree, *engine);
   }

@@ -109,28 +109,36 @@ size_t InflightControl::limit() const {
 
 namespace {
 
-MountShape shape_of(const std::vector<DatasetSnapshot>& datasets) {
+// Every index of the table.
+std::vector<uint32_t> all_of(const DatasetTable& datasets) {
+  std::vector<uint32_t> all(datasets.size());
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  return all;
+}
+
+// The files of the `active` datasets; the others have none (nothing of theirs is predicted).
+MountShape shape_of(const DatasetTable& datasets, std::span<const uint32_t> active) {
   MountShape shape;
-  for (const DatasetSnapshot& d : datasets) {
-    if (!d.catalog) {
-      shape.is_file.emplace_back();
-      continue;
-    }
-    const catalog::Catalog& c = *d.catalog;
+  shape.is_file.resize(datasets.size());
+  for (const uint32_t index : active) {
+    const DatasetSnapshot* d = datasets.get(index);
+    if (d == nullptr || !d->catalog) continue;
+    const catalog::Catalog& c = *d->catalog;
     std::vector<bool> files(c.entry_count());
     for (uint32_t e = 0; e < c.entry_count(); ++e) files[e] = !c.entry(e).is_dir;
-    shape.is_file.push_back(std::move(files));
+    shape.is_file[index] = std::move(files);
   }
   return shape;
 }
 
-uint64_t mean_file_bytes(const std::vector<DatasetSnapshot>& datasets) {
+uint64_t mean_file_bytes(const DatasetTable& datasets, std::span<const uint32_t> active) {
   uint64_t bytes = 0;
   uint64_t files = 0;
-  for (const DatasetSnapshot& d : datasets) {
-    if (!d.catalog) continue;
-    bytes += d.catalog->total_bytes();
-    files += d.catalog->file_count();
+  for (const uint32_t index : active) {
+    const DatasetSnapshot* d = datasets.get(index);
+    if (d == nullptr || !d->catalog) continue;
+    bytes += d->catalog->total_bytes();
+    files += d->catalog->file_count();
   }
   return files == 0 ? 1 : std::max<uint64_t>(1, bytes / files);
 }
@@ -138,8 +146,8 @@ uint64_t mean_file_bytes(const std::vector<DatasetSnapshot>& datasets) {
 }  // namespace
 
 PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
-                               const std::vector<DatasetSnapshot>& datasets,
-                               store::RedisEndpoint endpoint, bool verify, EngineOptions options)
+                               const DatasetTable& datasets, store::RedisEndpoint endpoint,
+                               bool verify, EngineOptions options)
     : cache_(cache),
       fetcher_(fetcher),
       datasets_(datasets),
@@ -148,16 +156,28 @@ PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
       options_(options),
       // A file larger than an eighth of the cache would push out too much that is needed sooner.
       max_prefetch_file_bytes_(cache.capacity_bytes() / 8),
-      model_(shape_of(datasets), options.seed),
+      model_(std::make_unique<PredictionModel>(shape_of(datasets, all_of(datasets)), options.seed)),
       inflight_(std::max<size_t>(options.connections, 1) * 2,
                 options.max_inflight != 0
                     ? options.max_inflight
-                    : std::clamp<size_t>(cache.capacity_bytes() / 2 / mean_file_bytes(datasets),
+                    : std::clamp<size_t>(cache.capacity_bytes() / 2 /
+                                             mean_file_bytes(datasets, all_of(datasets)),
                                          std::max<size_t>(options.connections, 1) * 2, 8192)) {
   options_.connections = std::max<size_t>(options_.connections, 1);
   // The prefetcher may fill the cache but for a tenth kept for reads it did not foresee.
-  model_.set_lookahead(
-      static_cast<size_t>(cache.capacity_bytes() * 9 / 10 / mean_file_bytes(datasets)));
+  model_->set_lookahead(static_cast<size_t>(cache.capacity_bytes() * 9 / 10 /
+                                            mean_file_bytes(datasets, all_of(datasets))));
+}
+
+void PrefetchEngine::reshape(std::span<const uint32_t> active) {
+  // Built outside the lock: a catalogue of a million files takes a while to walk.
+  auto model = std::make_unique<PredictionModel>(shape_of(datasets_, active), options_.seed);
+  model->set_lookahead(static_cast<size_t>(cache_.capacity_bytes() * 9 / 10 /
+                                           mean_file_bytes(datasets_, active)));
+  std::lock_guard lock(mutex_);
+  model_ = std::move(model);
+  held_.reset();
+  work_.notify_all();
 }
 
 PrefetchEngine::~PrefetchEngine() {
@@ -190,8 +210,8 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
   bool wake = false;
   {
     std::lock_guard lock(mutex_);
-    if (model_.observe(file_id(dataset, entry))) {
-      spdlog::debug("prefetch: epoch {} begins", model_.epochs().epoch());
+    if (model_->observe(file_id(dataset, entry))) {
+      spdlog::debug("prefetch: epoch {} begins", model_->epochs().epoch());
       cache_.new_epoch();
     }
     inflight_.on_access(now);
@@ -226,11 +246,11 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
   const size_t limit = inflight_.limit();
   while (out.size() < room && inflight_objects_ < limit) {
     if (!held_) {
-      if (options_.mode == PrefetchMode::kPlan && model_.leader() != "plan") break;
-      held_ = model_.propose();
+      if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;
+      held_ = model_->propose();
       if (!held_) break;
     }
-    const DatasetSnapshot& d = datasets_[dataset_of(held_->file)];
+    const DatasetSnapshot& d = *datasets_.get(dataset_of(held_->file));
     const uint32_t entry = entry_of(held_->file);
     const catalog::Catalog& catalog = *d.catalog;
     const uint64_t chunks = catalog.chunk_count(entry);
@@ -288,7 +308,7 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
 }
 
 void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
-  const DatasetSnapshot& d = datasets_[fetch.dataset];
+  const DatasetSnapshot& d = *datasets_.get(fetch.dataset);
   if (reply.kind != store::ValueReply::Kind::kValue || reply.size != fetch.length) {
     // The reader's own fetch reports it properly (missing key, wrong length, Redis error).
     abandon(fetch, fmt::format("GET {} gave no value of {} bytes", fetch.redis_key, fetch.length));
@@ -347,7 +367,7 @@ void PrefetchEngine::fetch_loop(size_t worker) {
         std::vector<ReadySource> ready;
         std::vector<Fetch> batch = next_fetches(share - outstanding.size(), ready);
         for (ReadySource& r : ready) {
-          source_listener_(datasets_[r.dataset], r.entry, r.rank, std::move(r.buffer));
+          source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
         }
         if (!batch.empty()) {
           if (!stream) {
@@ -408,14 +428,14 @@ void PrefetchEngine::fetch_loop(size_t worker) {
 
 void PrefetchEngine::plan_clear() {
   std::lock_guard lock(mutex_);
-  model_.plan_clear();
+  model_->plan_clear();
 }
 
 void PrefetchEngine::plan_extend(std::span<const PlannedFile> files, bool new_plan) {
   std::lock_guard lock(mutex_);
-  for (const PlannedFile& file : files) model_.plan_append(file_id(file.dataset, file.entry));
+  for (const PlannedFile& file : files) model_->plan_append(file_id(file.dataset, file.entry));
   // Objects read last epoch are unread again in the one the new plan begins.
-  if (model_.plan_published(new_plan)) cache_.new_epoch();
+  if (model_->plan_published(new_plan)) cache_.new_epoch();
   plan_written_ = Clock::now();
   work_.notify_all();
 }
@@ -424,9 +444,9 @@ EngineStats PrefetchEngine::stats() const {
   std::lock_guard lock(mutex_);
   EngineStats s;
   s.mode = options_.mode;
-  s.leader = options_.mode == PrefetchMode::kOff ? "none" : std::string(model_.leader());
-  s.epoch = model_.epochs().epoch();
-  s.accesses = model_.accesses();
+  s.leader = options_.mode == PrefetchMode::kOff ? "none" : std::string(model_->leader());
+  s.epoch = model_->epochs().epoch();
+  s.accesses = model_->accesses();
   s.inflight_objects = inflight_objects_;
   s.inflight_bytes = inflight_bytes_;
   s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : inflight_.limit();
@@ -436,9 +456,9 @@ EngineStats PrefetchEngine::stats() const {
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;
   s.gets = gets_.load(std::memory_order_relaxed);
   s.failures = failures_.load(std::memory_order_relaxed);
-  s.plan_entries = model_.plan().entries();
-  s.plan_position = model_.plan().position();
-  for (const PredictorScore& p : model_.scores()) {
+  s.plan_entries = model_->plan().entries();
+  s.plan_position = model_->plan().position();
+  for (const PredictorScore& p : model_->scores()) {
     s.predictors.push_back(PredictorReport{std::string(p.name), p.score, p.foreseen, p.scored});
   }
   return s;

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/dataset_table.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "prefetch/predictors.h"
@@ -115,10 +117,10 @@ struct EngineStats {
 
 class PrefetchEngine {
  public:
-  // The datasets must outlive the engine. Connections and threads start with start().
-  PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
-                 const std::vector<DatasetSnapshot>& datasets, store::RedisEndpoint endpoint,
-                 bool verify, EngineOptions options);
+  // The table must outlive the engine; every dataset in it now is predicted for. Connections and
+  // threads start with start().
+  PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher, const DatasetTable& datasets,
+                 store::RedisEndpoint endpoint, bool verify, EngineOptions options);
   ~PrefetchEngine();
   PrefetchEngine(const PrefetchEngine&) = delete;
   PrefetchEngine& operator=(const PrefetchEngine&) = delete;
@@ -129,6 +131,11 @@ class PrefetchEngine {
 
   // A reader began reading file `entry` of dataset `dataset` (a READ at offset 0).
   void record_access(uint32_t dataset, uint32_t entry);
+
+  // The datasets to predict for changed (a dataset appeared, went or was refreshed): predicts
+  // for those of `active` (indices in the table) from now on. What was learnt is dropped, and
+  // the plan with it; accesses to other datasets are served but not predicted from.
+  void reshape(std::span<const uint32_t> active);
 
   // A file a plan names, resolved by the plan file (fs/nodes/plan_file.h): dataset index and
   // catalogue entry.
@@ -180,7 +187,7 @@ class PrefetchEngine {
   bool active_locked(std::chrono::steady_clock::time_point now) const;
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
-  const std::vector<DatasetSnapshot>& datasets_;
+  const DatasetTable& datasets_;
   store::RedisEndpoint endpoint_;
   const bool verify_;
   EngineOptions options_;
@@ -190,7 +197,7 @@ class PrefetchEngine {
   // held proposal); work_ waits on it. Listeners are called outside it.
   mutable std::mutex mutex_;
   std::condition_variable work_;
-  PredictionModel model_;
+  std::unique_ptr<PredictionModel> model_;  // replaced whole by reshape()
   InflightControl inflight_;
   uint64_t inflight_objects_ = 0;
   uint64_t inflight_bytes_ = 0;

@@ -1,6 +1,11 @@
 #include "fs/nodes/control_node.h"
 
+#include <spdlog/spdlog.h>
+
 #include <ctime>
+#include <stdexcept>
+
+#include "src/catalog/names.h"
 
 namespace dsfs::fs {
 
@@ -13,6 +18,11 @@ std::optional<Attributes> ControlNode::stat(const InodeRef& ref) {
     case InodeRef::Kind::kPlan: {
       // Write-only for the owner, and its size changes with every write.
       Attributes a = tree_.generated(kPlanInode, S_IFREG | 0200, 1, plan_.size(), now);
+      a.timeout = 0;
+      return a;
+    }
+    case InodeRef::Kind::kRefresh: {
+      Attributes a = tree_.generated(kRefreshInode, S_IFREG | 0200, 1, 0, now);
       a.timeout = 0;
       return a;
     }
@@ -33,6 +43,7 @@ std::optional<Attributes> ControlNode::stat(const InodeRef& ref) {
 Found ControlNode::lookup(const InodeRef& dir, std::string_view name) {
   if (dir.kind != InodeRef::Kind::kControlDir) return {};
   if (name == kPlanFileName) return {kPlanInode};
+  if (name == kRefreshFileName) return {kRefreshInode};
   if (name != kStatsFileName) return {};
   auto text = std::make_shared<const std::string>(render_stats_());
   MutexLock lock(snapshots_mutex_);
@@ -45,7 +56,8 @@ int ControlNode::list(const InodeRef& dir, uint64_t from, DirectorySink& out) {
   if (dir.kind != InodeRef::Kind::kControlDir) return ENOTDIR;
   // A stats.json entry must not be cached: only a lookup hands out its snapshot inode.
   if (from <= 0 && !out.add(kStatsFileName, kStatsInode, 0, /*cacheable=*/false)) return 0;
-  if (from <= 1) out.add(kPlanFileName, kPlanInode, 1);
+  if (from <= 1 && !out.add(kPlanFileName, kPlanInode, 1)) return 0;
+  if (from <= 2) out.add(kRefreshFileName, kRefreshInode, 2);
   return 0;
 }
 
@@ -54,6 +66,7 @@ int ControlNode::open(const InodeRef& ref) {
     case InodeRef::Kind::kControlDir:
       return EISDIR;
     case InodeRef::Kind::kPlan:
+    case InodeRef::Kind::kRefresh:
       return 0;
     case InodeRef::Kind::kStatsSnapshot:
       return snapshot(ref.ino) ? 0 : ENOENT;
@@ -65,6 +78,7 @@ int ControlNode::open(const InodeRef& ref) {
 int ControlNode::read(const InodeRef& ref, uint64_t offset, size_t size, ReadReply& out) {
   switch (ref.kind) {
     case InodeRef::Kind::kPlan:
+    case InodeRef::Kind::kRefresh:
       return 0;
     case InodeRef::Kind::kStatsSnapshot: {
       // The reply holds its own reference: FORGET may drop the snapshot on another thread as
@@ -83,13 +97,36 @@ int ControlNode::read(const InodeRef& ref, uint64_t offset, size_t size, ReadRep
 }
 
 int ControlNode::write(const InodeRef& ref, uint64_t offset, std::string_view data) {
+  if (ref.kind == InodeRef::Kind::kRefresh) return refresh(data);
   if (ref.kind != InodeRef::Kind::kPlan) return EROFS;
   return plan_.write(offset, data);
 }
 
 int ControlNode::truncate(const InodeRef& ref, uint64_t size) {
+  if (ref.kind == InodeRef::Kind::kRefresh) return 0;  // O_TRUNC: each write stands alone
   if (ref.kind != InodeRef::Kind::kPlan) return EROFS;
   return plan_.truncate(size);
+}
+
+int ControlNode::refresh(std::string_view data) {
+  if (!refresh_) return EROFS;
+  std::vector<std::string> names;
+  size_t at = 0;
+  while (at < data.size()) {
+    const size_t start = data.find_first_not_of(" \t\r\n", at);
+    if (start == std::string_view::npos) break;
+    const size_t end = std::min(data.find_first_of(" \t\r\n", start), data.size());
+    std::string name(data.substr(start, end - start));
+    try {
+      catalog::validate_dataset_name(name);
+    } catch (const std::invalid_argument& e) {
+      spdlog::warn("{}/{}: {} (EINVAL)", kControlDirName, kRefreshFileName, e.what());
+      return EINVAL;
+    }
+    names.push_back(std::move(name));
+    at = end;
+  }
+  return refresh_(names);
 }
 
 void ControlNode::forget(uint64_t ino, uint64_t lookups) {

@@ -4,17 +4,20 @@
 
 namespace dsfs::fs {
 
-MetaNode::MetaNode(const MountTree& tree, std::string ns) : tree_(tree), ns_(std::move(ns)) {
-  for (size_t i = 0; i < tree_.datasets().size(); ++i) {
-    contents_.push_back(std::make_unique<Contents>());
-  }
+MetaNode::MetaNode(const MountTree& tree, std::string ns) : tree_(tree), ns_(std::move(ns)) {}
+
+MetaNode::Contents& MetaNode::contents(uint32_t dataset) {
+  MutexLock lock(contents_mutex_);
+  std::unique_ptr<Contents>& contents = contents_[dataset];
+  if (!contents) contents = std::make_unique<Contents>();
+  return *contents;
 }
 
 const std::string& MetaNode::content(uint32_t dataset, MetaFile file) {
   const auto slot = static_cast<size_t>(file);
-  Contents& contents = *contents_[dataset];
+  Contents& contents = this->contents(dataset);
   std::call_once(contents.once[slot], [&] {
-    const prefetch::DatasetSnapshot& d = tree_.datasets()[dataset];
+    const prefetch::DatasetSnapshot& d = *tree_.dataset(dataset);
     switch (file) {
       case MetaFile::kInfo:
         contents.text[slot] = render_info_json(d, ns_);
@@ -36,14 +39,14 @@ const std::string& MetaNode::content(uint32_t dataset, MetaFile file) {
 }
 
 std::optional<Attributes> MetaNode::stat(const InodeRef& ref) {
-  const auto datasets = static_cast<nlink_t>(tree_.datasets().size());
+  const auto datasets = static_cast<nlink_t>(tree_.listing()->datasets.size());
   if (ref.kind == InodeRef::Kind::kMetaDir) {
     return tree_.generated(kMetaDirInode, S_IFDIR | 0555, 2 + datasets, kDirectorySize,
                            tree_.mounted_unix());
   }
   if (!exists(ref)) return std::nullopt;
   const uint64_t ino = meta_inode(ref.dataset, ref.meta);
-  const int64_t created = tree_.datasets()[ref.dataset].info.created_unix;
+  const int64_t created = tree_.dataset(ref.dataset)->info.created_unix;
   if (ref.meta == MetaFile::kDirectory) {
     return tree_.generated(ino, S_IFDIR | 0555, 2, kDirectorySize, created);
   }
@@ -66,10 +69,10 @@ Found MetaNode::lookup(const InodeRef& dir, std::string_view name) {
 
 int MetaNode::list(const InodeRef& dir, uint64_t from, DirectorySink& out) {
   if (dir.kind == InodeRef::Kind::kMetaDir) {
-    for (uint64_t position = from; position < tree_.datasets().size(); ++position) {
-      const auto dataset = static_cast<uint32_t>(position);
-      if (!out.add(tree_.datasets()[dataset].name(), meta_inode(dataset, MetaFile::kDirectory),
-                   position)) {
+    const std::shared_ptr<const MountTree::Listing> listing = tree_.listing();
+    for (uint64_t position = from; position < listing->datasets.size(); ++position) {
+      const prefetch::DatasetSnapshot& d = *listing->datasets[position];
+      if (!out.add(d.name(), meta_inode(d.index, MetaFile::kDirectory), position)) {
         break;
       }
     }

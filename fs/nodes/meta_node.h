@@ -8,7 +8,8 @@
 
 namespace dsfs::fs {
 
-// Thread safety: each text is rendered once under its std::once_flag, then only read.
+// Thread safety: each text is rendered once under its std::once_flag, then only read;
+// contents_mutex_ guards the table of texts (datasets appear while mounted).
 class MetaNode final : public Node {
  public:
   MetaNode(const MountTree& tree, std::string ns);
@@ -30,11 +31,15 @@ class MetaNode final : public Node {
     std::array<std::string, 5> text;
   };
   // Whether `ref` names .meta/NAME (or a file in it) of an existing dataset.
-  bool exists(const InodeRef& ref) const { return ref.dataset < tree_.datasets().size(); }
+  bool exists(const InodeRef& ref) const { return tree_.dataset(ref.dataset) != nullptr; }
+  Contents& contents(uint32_t dataset);
 
   const MountTree& tree_;
   const std::string ns_;
-  std::vector<std::unique_ptr<Contents>> contents_;  // one per dataset
+  Mutex contents_mutex_;
+  // By dataset index, made on first use; never erased, so references stay valid.
+  std::unordered_map<uint32_t, std::unique_ptr<Contents>> contents_
+      DSFS_GUARDED_BY(contents_mutex_);
 };
 
 }  // namespace dsfs::fs

@@ -26,7 +26,7 @@ void PlanFile::resolve_locked(std::string_view line,
   const size_t slash = line.find('/');
   const std::string_view rest = slash == std::string_view::npos ? "" : line.substr(slash + 1);
   if (const std::optional<uint32_t> dataset = tree_.find(line.substr(0, slash))) {
-    const catalog::Catalog& catalog = *tree_.datasets()[*dataset].catalog;
+    const catalog::Catalog& catalog = *tree_.dataset(*dataset)->catalog;
     if (const std::optional<uint32_t> entry = catalog.find(rest);
         entry && !catalog.entry(*entry).is_dir) {
       out.push_back({*dataset, *entry});

@@ -13,7 +13,8 @@ constexpr std::pair<std::string_view, uint64_t> kOwnDirectories[] = {
 }  // namespace
 
 std::optional<Attributes> RootNode::stat(const InodeRef&) {
-  const auto links = static_cast<nlink_t>(2 + std::size(kOwnDirectories) + tree_.datasets().size());
+  const auto links =
+      static_cast<nlink_t>(2 + std::size(kOwnDirectories) + tree_.listing()->datasets.size());
   return tree_.generated(kRootInode, S_IFDIR | 0555, links, kDirectorySize, tree_.mounted_unix());
 }
 
@@ -27,14 +28,14 @@ Found RootNode::lookup(const InodeRef&, std::string_view name) {
 
 int RootNode::list(const InodeRef&, uint64_t from, DirectorySink& out) {
   const uint64_t own = std::size(kOwnDirectories);
-  const uint64_t count = own + tree_.datasets().size();
+  const std::shared_ptr<const MountTree::Listing> listing = tree_.listing();
+  const uint64_t count = own + listing->datasets.size();
   for (uint64_t position = from; position < count; ++position) {
+    const prefetch::DatasetSnapshot* d = position < own ? nullptr : listing->datasets[position - own];
     const bool added =
-        position < own
+        d == nullptr
             ? out.add(kOwnDirectories[position].first, kOwnDirectories[position].second, position)
-            : out.add(tree_.datasets()[position - own].name(),
-                      entry_inode(static_cast<uint32_t>(position - own), catalog::kRootIndex),
-                      position);
+            : out.add(d->name(), entry_inode(d->index, catalog::kRootIndex), position);
     if (!added) break;
   }
   return 0;

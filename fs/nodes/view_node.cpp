@@ -19,6 +19,12 @@ ViewNode::Target ViewNode::target(const InodeRef& ref) const {
   return Target{slot, d, &e};
 }
 
+std::vector<const prefetch::DatasetSnapshot*> ViewNode::shown_datasets() const {
+  std::vector<const prefetch::DatasetSnapshot*> shown = tree_.listing()->datasets;
+  std::erase_if(shown, [](const prefetch::DatasetSnapshot* d) { return d->index >= kMaxViewDatasets; });
+  return shown;
+}
+
 std::optional<Attributes> ViewNode::stat(const InodeRef& ref) {
   const ViewRegistry& registry = views_.registry();
   switch (ref.kind) {
@@ -27,7 +33,7 @@ std::optional<Attributes> ViewNode::stat(const InodeRef& ref) {
                              kDirectorySize, tree_.mounted_unix());
     case InodeRef::Kind::kViewSpec: {
       if (!registry.slot(ref.view_slot)) return std::nullopt;
-      const auto datasets = std::min<nlink_t>(tree_.datasets().size(), kMaxViewDatasets);
+      const auto datasets = static_cast<nlink_t>(shown_datasets().size());
       return tree_.generated(view_spec_inode(ref.view_slot), S_IFDIR | 0555, 2 + datasets,
                              kDirectorySize, tree_.mounted_unix());
     }
@@ -104,11 +110,11 @@ int ViewNode::list(const InodeRef& dir, uint64_t from, DirectorySink& out) {
     }
     case InodeRef::Kind::kViewSpec: {
       if (!views_.registry().slot(dir.view_slot)) return ENOENT;
-      const uint64_t count = std::min<uint64_t>(tree_.datasets().size(), kMaxViewDatasets);
-      for (uint64_t position = from; position < count; ++position) {
-        const auto dataset = static_cast<uint32_t>(position);
-        if (!out.add(tree_.datasets()[dataset].name(),
-                     view_entry_inode(dir.view_slot, dataset, catalog::kRootIndex), position)) {
+      const std::vector<const prefetch::DatasetSnapshot*> shown = shown_datasets();
+      for (uint64_t position = from; position < shown.size(); ++position) {
+        const prefetch::DatasetSnapshot& d = *shown[position];
+        if (!out.add(d.name(), view_entry_inode(dir.view_slot, d.index, catalog::kRootIndex),
+                     position)) {
           break;
         }
       }

@@ -34,6 +34,8 @@ class ViewNode final : public Node {
     explicit operator bool() const { return entry != nullptr; }
   };
   Target target(const InodeRef& ref) const;
+  // The listed datasets that .views/SPEC shows (view inodes have room for kMaxViewDatasets).
+  std::vector<const prefetch::DatasetSnapshot*> shown_datasets() const;
 
   const MountTree& tree_;
   ViewFiles& views_;

@@ -110,7 +110,7 @@ InodeRef ref_of(uint64_t ino) {
 
 TEST(MountTree, NumbersDatasetsAndRefusesNamesItCannotShow) {
   const MountTree tree(two_datasets());
-  EXPECT_EQ(tree.datasets()[1].index, 1u);
+  EXPECT_EQ(tree.dataset(1)->index, 1u);
   EXPECT_EQ(tree.find("other"), 1u);
   EXPECT_FALSE(tree.find("missing"));
   EXPECT_EQ(tree.dataset(2), nullptr);
@@ -122,7 +122,7 @@ TEST(MountTree, NumbersDatasetsAndRefusesNamesItCannotShow) {
 
 TEST(MountTree, EntryAttributesAreReadOnlyAndCountSubdirectories) {
   const MountTree tree(two_datasets());
-  const prefetch::DatasetSnapshot& d = tree.datasets()[0];
+  const prefetch::DatasetSnapshot& d = *tree.dataset(0);
   const uint32_t dogs = *d.catalog->find("dogs");
   const Attributes dir = tree.entry(d, dogs, 42);
   EXPECT_TRUE(S_ISDIR(dir.st.st_mode));
@@ -164,7 +164,7 @@ TEST(DatasetNode, WalksTheCatalogue) {
   ReadPath path(unused_endpoint());
   FsCounters counters;
   DatasetNode node(tree, path.reader, counters);
-  const prefetch::DatasetSnapshot& d = tree.datasets()[0];
+  const prefetch::DatasetSnapshot& d = *tree.dataset(0);
   const InodeRef root = ref_of(entry_inode(0, catalog::kRootIndex));
   const uint64_t dogs = node.lookup(root, "dogs").ino;
   ASSERT_NE(dogs, 0u);
@@ -198,7 +198,7 @@ TEST(DatasetNode, AnswersUserXattrsFromTheCatalogue) {
   ReadPath path(unused_endpoint());
   FsCounters counters;
   DatasetNode node(tree, path.reader, counters);
-  const catalog::Catalog& catalog = *tree.datasets()[0].catalog;
+  const catalog::Catalog& catalog = *tree.dataset(0)->catalog;
   const InodeRef a = ref_of(entry_inode(0, *catalog.find("cats/a.jpg")));
   const InodeRef c = ref_of(entry_inode(0, *catalog.find("dogs/c.JPEG")));
   std::string value;
@@ -222,7 +222,7 @@ TEST(DatasetNode, AnswersUserXattrsFromTheCatalogue) {
 TEST(DatasetNode, ReadsFilesThroughTheReadPathAndCountsThem) {
   test::TestRedisServer redis;
   const MountTree tree(two_datasets());
-  const prefetch::DatasetSnapshot& d = tree.datasets()[0];
+  const prefetch::DatasetSnapshot& d = *tree.dataset(0);
   {
     store::Connection conn(redis.endpoint());
     const catalog::KeySchema keys("dsfs");
@@ -315,7 +315,7 @@ TEST(ViewNode, ShowsOnlyImagesAsNpyFilesUnderAnySpec) {
 TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.datasets(), unused_endpoint(),
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(),
                                   false, prefetch::EngineOptions{});
   int renders = 0;
   ControlNode node(
@@ -352,7 +352,7 @@ TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
 TEST(ControlNode, ThePlanIsTheOneWritableFile) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.datasets(), unused_endpoint(),
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(),
                                   false, prefetch::EngineOptions{});
   ControlNode node(
       tree, [] { return std::string("{}"); }, engine);

@@ -82,7 +82,7 @@ class PlanFileTest : public ::testing::Test {
     tree_ = std::make_unique<MountTree>(std::move(datasets));
     // Never started: the plan file needs no fetch thread.
     engine_ = std::make_unique<PrefetchEngine>(
-        cache_, fetcher_, tree_->datasets(), redis_.endpoint(), false,
+        cache_, fetcher_, tree_->table(), redis_.endpoint(), false,
         EngineOptions{
             .mode = PrefetchMode::kPlan, .connections = 1, .connect = {.connect_timeout = 500ms}});
     plan_ = std::make_unique<PlanFile>(*tree_, *engine_);

@@ -85,8 +85,9 @@ class PrefetchEngineTest : public ::testing::Test {
     reader_.reset();
     cache_ = std::make_unique<ObjectCache>(cache_bytes);
     reader_ = std::make_unique<FileReader>(*cache_, fetcher_, false);
+    if (!table_) table_ = std::make_unique<DatasetTable>(datasets_);
     engine_ = std::make_unique<PrefetchEngine>(
-        *cache_, fetcher_, datasets_, redis_.endpoint(), false,
+        *cache_, fetcher_, *table_, redis_.endpoint(), false,
         EngineOptions{.mode = mode, .connections = 3, .connect = {.connect_timeout = 500ms}});
     reader_->set_engine(engine_.get());
     if (before_start) before_start(*engine_);
@@ -121,6 +122,7 @@ class PrefetchEngineTest : public ::testing::Test {
 
   test::TestRedisServer redis_{test::TestRedisOptions{.persist = true}};
   std::vector<DatasetSnapshot> datasets_;
+  std::unique_ptr<DatasetTable> table_;  // of datasets_, made with the first engine
   store::ConnectionPool pool_{redis_.endpoint(), 4};
   ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
   std::unique_ptr<ObjectCache> cache_;

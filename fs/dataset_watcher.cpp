@@ -1,0 +1,289 @@
+#include "fs/dataset_watcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+
+#include "fs/mount.h"
+#include "src/catalog/dataset.h"
+#include "src/store/errors.h"
+#include "src/store/log_text.h"
+
+namespace dsfs::fs {
+namespace {
+
+// A slow Redis must not hold a refresh up for long; a catalogue of a million files still loads.
+const store::ConnectOptions kWatchConnect{.connect_timeout = std::chrono::milliseconds{2000},
+                                          .io_timeout = std::chrono::milliseconds{30000}};
+
+bool reserved_name(std::string_view name) {
+  return name == kMetaDirName || name == kControlDirName || name == kViewsDirName;
+}
+
+}  // namespace
+
+DatasetWatcher::DatasetWatcher(MountTree& tree, store::RedisEndpoint endpoint,
+                               catalog::KeySchema keys, WatchOptions options,
+                               GenerationLeases* leases, ChangeListener on_change)
+    : tree_(tree),
+      endpoint_(std::move(endpoint)),
+      keys_(std::move(keys)),
+      options_(std::move(options)),
+      leases_(leases),
+      on_change_(std::move(on_change)) {}
+
+DatasetWatcher::~DatasetWatcher() {
+  stop();
+}
+
+void DatasetWatcher::start() {
+  if (options_.interval.count() <= 0 || poller_.joinable()) return;
+  poller_ = std::jthread([this](std::stop_token stop) { poll_loop(std::move(stop)); });
+}
+
+void DatasetWatcher::stop() {
+  if (!poller_.joinable()) return;
+  poller_.request_stop();
+  wake_.notify_all();
+  poller_.join();
+}
+
+store::Connection& DatasetWatcher::connection() {
+  if (!conn_ || conn_->broken()) {
+    conn_.reset();
+    conn_.emplace(endpoint_, kWatchConnect);
+  }
+  return *conn_;
+}
+
+void DatasetWatcher::poll_loop(std::stop_token stop) {
+  for (;;) {
+    {
+      std::unique_lock lock(stats_mutex_);
+      // Sleeps a period, or returns at once when stop() asks.
+      wake_.wait_for(lock, stop, options_.interval, [] { return false; });
+    }
+    if (stop.stop_requested()) return;
+    std::vector<std::string> changed;
+    try {
+      MutexLock lock(pass_mutex_);
+      int error = 0;
+      changed = pass(nullptr, error);
+      MutexLock stats(stats_mutex_);
+      if (failing_) spdlog::info("watching for dataset changes works again");
+      failing_ = false;
+    } catch (const std::exception& e) {
+      MutexLock stats(stats_mutex_);
+      ++stats_.poll_failures;
+      // Once per outage: the mount keeps serving what it has.
+      if (!failing_) {
+        spdlog::warn(
+            "cannot check {} for dataset changes ({}); the mount serves what it has and tries "
+            "again every {} s",
+            endpoint_.describe(), store::log_text(e.what(), 400),
+            static_cast<double>(options_.interval.count()) / 1000.0);
+      }
+      failing_ = true;
+    }
+    if (!changed.empty()) on_change_(changed);
+  }
+}
+
+int DatasetWatcher::refresh(const std::vector<std::string>& names) {
+  const std::set<std::string> update(names.begin(), names.end());
+  std::vector<std::string> changed;
+  int error = 0;
+  try {
+    MutexLock lock(pass_mutex_);
+    changed = pass(&update, error);
+  } catch (const std::exception& e) {
+    {
+      MutexLock stats(stats_mutex_);
+      ++stats_.poll_failures;
+    }
+    spdlog::error("refresh failed: cannot read the datasets from {}: {}", endpoint_.describe(),
+                  store::log_text(e.what(), 400));
+    return EIO;
+  }
+  if (!changed.empty()) on_change_(changed);
+  return error;
+}
+
+WatchStats DatasetWatcher::stats() const {
+  MutexLock lock(stats_mutex_);
+  return stats_;
+}
+
+std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* update, int& error) {
+  store::Connection& conn = connection();
+  const std::vector<std::string> published_list = catalog::list_datasets(conn, keys_);
+  const std::set<std::string> published(published_list.begin(), published_list.end());
+  std::vector<std::string> changed;
+  WatchStats counted;
+
+  // Removed: unlisted at once. Files open under them keep what the cache holds; other reads
+  // find the keys gone and fail with EIO.
+  for (const prefetch::DatasetSnapshot* d : tree_.listing()->datasets) {
+    if (published.contains(d->name())) continue;
+    tree_.unlist(d->name());
+    drop_lease(conn, d->name(), d->generation());
+    changed.push_back(d->name());
+    ++counted.removed;
+    spdlog::info("dataset '{}' was removed from Redis; it no longer appears in the mount",
+                 store::log_text(d->name()));
+  }
+
+  std::vector<std::string> wanted;
+  if (options_.names.empty()) {
+    wanted = published_list;
+  } else {
+    for (const std::string& name : options_.names) {
+      if (published.contains(name)) wanted.push_back(name);
+    }
+  }
+  std::map<std::string, uint64_t> pending;
+  for (const std::string& name : wanted) {
+    if (reserved_name(name)) {
+      if (skipped_.emplace(name, 0).second) {
+        spdlog::warn(
+            "dataset '{}' cannot appear in the mount: its name is taken by the mount's own {} "
+            "directory; re-ingest it under another name",
+            store::log_text(name), store::log_text(name));
+      }
+      continue;
+    }
+    const std::optional<uint32_t> index = tree_.find(name);
+    const prefetch::DatasetSnapshot* listed = index ? tree_.dataset(*index) : nullptr;
+    catalog::DatasetInfo info;
+    try {
+      info = catalog::read_info(conn, keys_, name);
+    } catch (const store::ConnectionError&) {
+      throw;
+    } catch (const store::ReplyError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      // Damaged or of a newer schema: what is listed stays; a new one waits until it is fixed.
+      if (skipped_.emplace(name, 0).second) {
+        spdlog::warn("dataset '{}' cannot be served: {}", store::log_text(name),
+                     store::log_text(e.what(), 400));
+      }
+      if (update && (update->empty() || update->contains(name))) error = EIO;
+      continue;
+    }
+    if (listed == nullptr) {
+      if (skipped_.contains(name) && skipped_[name] == info.generation) continue;
+      if (list_current(conn, name, nullptr)) {
+        changed.push_back(name);
+        ++counted.added;
+      }
+      continue;
+    }
+    if (info.generation <= listed->generation()) continue;
+    const bool switch_now =
+        update ? (update->empty() || update->contains(name)) : options_.follow_updates;
+    if (!switch_now) {
+      pending[name] = info.generation;
+      continue;
+    }
+    if (list_current(conn, name, listed)) {
+      changed.push_back(name);
+      ++counted.refreshed;
+    } else {
+      error = EIO;
+    }
+  }
+  if (update) {
+    for (const std::string& name : *update) {
+      if (published.contains(name) || tree_.find(name)) continue;
+      spdlog::warn("refresh: no dataset '{}' is published in namespace '{}'",
+                   store::log_text(name), keys_.ns());
+      error = ENOENT;
+    }
+  }
+
+  MutexLock stats(stats_mutex_);
+  for (const auto& [name, generation] : pending) {
+    const auto before = stats_.pending.find(name);
+    if (before == stats_.pending.end() || before->second != generation) {
+      spdlog::info(
+          "dataset '{}' has a new generation {} (the mount serves {}); `dsfs refresh` switches "
+          "to it",
+          store::log_text(name), generation, tree_.dataset(*tree_.find(name))->generation());
+    }
+  }
+  stats_.pending = std::move(pending);
+  ++stats_.polls;
+  stats_.added += counted.added;
+  stats_.removed += counted.removed;
+  stats_.refreshed += counted.refreshed;
+  return changed;
+}
+
+bool DatasetWatcher::list_current(store::Connection& conn, const std::string& name,
+                                  const prefetch::DatasetSnapshot* replacing) {
+  prefetch::DatasetSnapshot snapshot;
+  bool pinned = false;
+  try {
+    // Pinned before loading, as at mount time: no collection can delete it from here on.
+    if (leases_) {
+      snapshot.info = leases_->pin_current(conn, name);
+      pinned = true;
+    } else {
+      snapshot.info = catalog::read_info(conn, keys_, name);
+    }
+    snapshot.catalog = catalog::load_catalog(conn, keys_, snapshot.info);
+  } catch (const store::ConnectionError&) {
+    if (pinned) leases_->forget(name, snapshot.info.generation);
+    throw;
+  } catch (const store::ReplyError&) {
+    if (pinned) leases_->forget(name, snapshot.info.generation);
+    throw;
+  } catch (const std::runtime_error& e) {
+    spdlog::warn("dataset '{}' generation {} cannot be served: {}", store::log_text(name),
+                 snapshot.info.generation, store::log_text(e.what(), 400));
+    skipped_[name] = snapshot.info.generation;
+    if (pinned) drop_lease(conn, name, snapshot.info.generation);
+    return false;
+  }
+  const uint64_t generation = snapshot.info.generation;
+  const uint64_t files = snapshot.catalog->file_count();
+  const uint64_t catalog_bytes = snapshot.catalog->memory_bytes();
+  try {
+    tree_.list(std::move(snapshot));
+  } catch (const std::exception& e) {
+    spdlog::warn("dataset '{}' generation {} cannot be listed: {}", store::log_text(name),
+                 generation, e.what());
+    skipped_[name] = generation;
+    if (pinned) drop_lease(conn, name, generation);
+    return false;
+  }
+  skipped_.erase(name);
+  if (replacing) {
+    drop_lease(conn, name, replacing->generation());
+    spdlog::info(
+        "dataset '{}' now shows generation {} ({} files); files opened before keep reading "
+        "generation {}, whose catalogue ({:.1f} MB) stays in memory until unmount",
+        store::log_text(name), generation, files, replacing->generation(),
+        static_cast<double>(replacing->catalog->memory_bytes()) / 1e6);
+  } else {
+    spdlog::info("dataset '{}' generation {} appeared: {} files ({:.1f} MB of catalogue)",
+                 store::log_text(name), generation, files,
+                 static_cast<double>(catalog_bytes) / 1e6);
+  }
+  return true;
+}
+
+void DatasetWatcher::drop_lease(store::Connection& conn, const std::string& name,
+                                uint64_t generation) {
+  if (!leases_) return;
+  try {
+    leases_->unpin(conn, name, generation);
+  } catch (const std::exception& e) {
+    // The lease is no longer renewed either way, so it expires by itself.
+    spdlog::warn("dataset '{}': cannot drop this mount's lease on generation {} ({}); it expires "
+                 "by itself",
+                 store::log_text(name), generation, store::log_text(e.what()));
+  }
+}
+
+}  // namespace dsfs::fs
