@@ -342,11 +342,11 @@ TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
 
   Collected listed;
   ASSERT_EQ(node.list(dir, 0, listed), 0);
-  EXPECT_EQ(listed.names(), (std::vector<std::string>{"stats.json", "plan"}));
+  EXPECT_EQ(listed.names(), (std::vector<std::string>{"stats.json", "plan", "refresh"}));
   EXPECT_FALSE(std::get<3>(listed.entries[0]));  // stats.json: never cached by name
   Collected from_one;
   ASSERT_EQ(node.list(dir, 1, from_one), 0);
-  EXPECT_EQ(from_one.names(), std::vector<std::string>{"plan"});
+  EXPECT_EQ(from_one.names(), (std::vector<std::string>{"plan", "refresh"}));
 }
 
 TEST(ControlNode, ThePlanIsTheOneWritableFile) {
@@ -371,6 +371,93 @@ TEST(ControlNode, ThePlanIsTheOneWritableFile) {
   const Found stats = node.lookup(ref_of(kControlDirInode), "stats.json");
   EXPECT_EQ(node.write(ref_of(stats.ino), 0, "x"), EROFS);
   EXPECT_EQ(node.truncate(ref_of(stats.ino), 0), EROFS);
+}
+
+TEST(ControlNode, EachWriteToRefreshIsOneRequestOfDatasetNames) {
+  const MountTree tree(two_datasets());
+  ReadPath path(unused_endpoint());
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(),
+                                  false, prefetch::EngineOptions{});
+  std::vector<std::vector<std::string>> requests;
+  int answer = 0;
+  ControlNode node(
+      tree, [] { return std::string("{}"); }, engine,
+      [&](const std::vector<std::string>& names) {
+        requests.push_back(names);
+        return answer;
+      });
+  const InodeRef refresh = ref_of(node.lookup(ref_of(kControlDirInode), "refresh").ino);
+  ASSERT_EQ(refresh.kind, InodeRef::Kind::kRefresh);
+  EXPECT_EQ(node.stat(refresh)->st.st_mode, S_IFREG | 0200);
+  EXPECT_EQ(node.open(refresh), 0);
+  ASSERT_EQ(node.write(refresh, 0, "ds other\n"), 0);
+  ASSERT_EQ(node.write(refresh, 0, "\n"), 0);  // every dataset
+  ASSERT_EQ(node.truncate(refresh, 0), 0);      // O_TRUNC
+  answer = ENOENT;
+  EXPECT_EQ(node.write(refresh, 9, "\tnew\r\n"), ENOENT);  // the refresh's answer
+  EXPECT_EQ(requests, (std::vector<std::vector<std::string>>{{"ds", "other"}, {}, {"new"}}));
+  // A name that cannot be a dataset's is refused before any refresh.
+  EXPECT_EQ(node.write(refresh, 0, "ds bad/name"), EINVAL);
+  EXPECT_EQ(requests.size(), 3u);
+
+  // Without a refresh function (no watcher) the file refuses writes.
+  ControlNode bare(
+      tree, [] { return std::string("{}"); }, engine);
+  EXPECT_EQ(bare.write(refresh, 0, "ds\n"), EROFS);
+}
+
+TEST(MountTree, ListingAReingestedNameKeepsTheOldSnapshotReadableByIndex) {
+  MountTree tree(two_datasets());
+  const std::shared_ptr<const MountTree::Listing> before = tree.listing();
+  const prefetch::DatasetSnapshot& replaced = tree.list(make_dataset("ds", 4));
+  EXPECT_EQ(replaced.index, 2u);
+  EXPECT_EQ(tree.find("ds"), 2u);
+  // The old generation stays where it was: inodes that carry index 0 keep their meaning.
+  ASSERT_NE(tree.dataset(0), nullptr);
+  EXPECT_EQ(tree.dataset(0)->generation(), 3u);
+  EXPECT_EQ(tree.dataset(2)->generation(), 4u);
+  // Same place in the listing; a listing taken before is unchanged.
+  const std::shared_ptr<const MountTree::Listing> after = tree.listing();
+  ASSERT_EQ(after->datasets.size(), 2u);
+  EXPECT_EQ(after->datasets[0]->index, 2u);
+  EXPECT_EQ(before->datasets[0]->index, 0u);
+
+  const prefetch::DatasetSnapshot& added = tree.list(make_dataset("new", 1));
+  EXPECT_EQ(added.index, 3u);
+  EXPECT_EQ(tree.listing()->datasets.size(), 3u);
+  EXPECT_EQ(tree.unlist("other"), 1u);
+  EXPECT_FALSE(tree.find("other"));
+  EXPECT_NE(tree.dataset(1), nullptr);  // unlisted, still readable by index
+  EXPECT_EQ(tree.unlist("other"), std::nullopt);
+  EXPECT_THROW(tree.list(make_dataset(".meta", 1)), std::invalid_argument);
+  prefetch::DatasetSnapshot no_catalog = make_dataset("x", 1);
+  no_catalog.catalog.reset();
+  EXPECT_THROW(tree.list(std::move(no_catalog)), std::invalid_argument);
+  EXPECT_EQ(tree.table().size(), 4u);  // nothing was stored by the refused ones
+}
+
+TEST(RootNode, ListsWhatTheTreeListsNowUnderEachSnapshotsOwnInode) {
+  MountTree tree(two_datasets());
+  RootNode node(tree);
+  tree.list(make_dataset("ds", 9));  // index 2
+  tree.unlist("other");
+  tree.list(make_dataset("late", 1));  // index 3
+  Collected listed;
+  ASSERT_EQ(node.list(ref_of(kRootInode), 0, listed), 0);
+  EXPECT_EQ(listed.names(), (std::vector<std::string>{".dsfs", ".meta", ".views", "ds", "late"}));
+  EXPECT_EQ(std::get<1>(listed.entries[3]), entry_inode(2, catalog::kRootIndex));
+  EXPECT_EQ(std::get<1>(listed.entries[4]), entry_inode(3, catalog::kRootIndex));
+  EXPECT_EQ(node.lookup(ref_of(kRootInode), "ds").ino, entry_inode(2, catalog::kRootIndex));
+  EXPECT_EQ(node.lookup(ref_of(kRootInode), "other").ino, 0u);
+  EXPECT_EQ(node.stat(ref_of(kRootInode))->st.st_nlink, 2u + 3u + 2u);
+  // A file of the replaced generation, or of the unlisted dataset, still answers by its inode.
+  ReadPath path(unused_endpoint());
+  FsCounters counters;
+  DatasetNode files(tree, path.reader, counters);
+  const uint32_t c = *tree.dataset(0)->catalog->find("dogs/c.JPEG");
+  EXPECT_EQ(files.stat(ref_of(entry_inode(0, c)))->st.st_size, 3000);
+  EXPECT_EQ(files.stat(ref_of(entry_inode(1, c)))->st.st_size, 3000);
+  EXPECT_FALSE(files.stat(ref_of(entry_inode(4, c))));  // no such index yet
 }
 
 }  // namespace

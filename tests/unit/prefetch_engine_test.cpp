@@ -192,6 +192,26 @@ TEST_F(PrefetchEngineTest, OffFetchesNothingAhead) {
   EXPECT_EQ(engine_->stats().connections, 0u);
 }
 
+// A dataset that went from the mount (or was replaced by its new generation) is not predicted
+// for; one that came back is, from the reshape on.
+TEST_F(PrefetchEngineTest, OnlyTheDatasetsAReshapeKeepsAreFetchedAhead) {
+  make_engine(64 << 20, PrefetchMode::kAuto);
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  engine_->reshape(std::vector<uint32_t>{});
+  plan(order);
+  // Read in the plan's order: had anything been fetched ahead, reads would find it.
+  for (uint32_t i = 0; i < 40; ++i) read_and_check(order[i]);
+  EXPECT_EQ(reader_->stats().miss, 40u);
+  EXPECT_EQ(cache_->stats().prefetches, 0u);
+
+  engine_->reshape(std::vector<uint32_t>{0});
+  plan(order);
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
+  EXPECT_GT(cache_->stats().prefetches, 0u);
+  for (uint32_t i = 40; i < kFiles; ++i) read_and_check(order[i]);
+}
+
 // A cache of a tenth of the dataset over several shuffled epochs: objects are evicted and read
 // again all the time, and every read returns the file's bytes; the bound holds throughout.
 TEST_F(PrefetchEngineTest, ReadsStayRightWhileASmallCacheChurns) {
