@@ -195,8 +195,8 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
   if (update) {
     for (const std::string& name : *update) {
       if (published.contains(name) || tree_.find(name)) continue;
-      spdlog::warn("refresh: no dataset '{}' is published in namespace '{}'",
-                   store::log_text(name), keys_.ns());
+      spdlog::warn("refresh: no dataset '{}' is published in namespace '{}'", store::log_text(name),
+                   keys_.ns());
       error = ENOENT;
     }
   }
@@ -280,9 +280,10 @@ void DatasetWatcher::drop_lease(store::Connection& conn, const std::string& name
     leases_->unpin(conn, name, generation);
   } catch (const std::exception& e) {
     // The lease is no longer renewed either way, so it expires by itself.
-    spdlog::warn("dataset '{}': cannot drop this mount's lease on generation {} ({}); it expires "
-                 "by itself",
-                 store::log_text(name), generation, store::log_text(e.what()));
+    spdlog::warn(
+        "dataset '{}': cannot drop this mount's lease on generation {} ({}); it expires "
+        "by itself",
+        store::log_text(name), generation, store::log_text(e.what()));
   }
 }
 

@@ -186,10 +186,9 @@ void Filesystem::start_views() {
       options_.view_max_pixels, options_.view_render_memory_bytes >> 20,
       ahead ? fmt::format("{} threads", options_.view_render_ahead_threads) : "off");
   // Plans may name view files; they stand for their source images.
-  control_node_.plan().set_line_mapper(
-      [this](std::string_view line) {
-        return views_.plan_source_path(line, tree_.listing()->datasets);
-      });
+  control_node_.plan().set_line_mapper([this](std::string_view line) {
+    return views_.plan_source_path(line, tree_.listing()->datasets);
+  });
   views_.start(std::move(service), ahead ? &engine_ : nullptr, options_.view_render_ahead_threads);
 }
 

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -26,6 +25,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -397,8 +397,8 @@ std::map<std::string, uint64_t> mounted_generations(const std::filesystem::path&
   const std::filesystem::path stats = mountpoint / kControlDirName / kStatsFileName;
   std::ifstream in(stats);
   if (!in) {
-    throw std::runtime_error(fmt::format("cannot read {}: is {} a dsfs mount?", stats.string(),
-                                         mountpoint.string()));
+    throw std::runtime_error(
+        fmt::format("cannot read {}: is {} a dsfs mount?", stats.string(), mountpoint.string()));
   }
   const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   std::map<std::string, uint64_t> generations;
@@ -419,11 +419,11 @@ void run_refresh(const RefreshArgs& args) {
   const int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
-    throw std::runtime_error(fmt::format(
-        "cannot open {}: {}{}", file.string(), std::strerror(error),
-        error == ENOENT ? "; is this a dsfs mount of version 0.2 or later?"
-        : error == EROFS ? "; the mount was made read-only (-o ro): remount it without"
-                         : ""));
+    throw std::runtime_error(
+        fmt::format("cannot open {}: {}{}", file.string(), std::strerror(error),
+                    error == ENOENT  ? "; is this a dsfs mount of version 0.2 or later?"
+                    : error == EROFS ? "; the mount was made read-only (-o ro): remount it without"
+                                     : ""));
   }
   std::string request;
   for (const std::string& name : args.datasets) request += name + "\n";
@@ -457,8 +457,7 @@ void run_refresh(const RefreshArgs& args) {
       fmt::print("{}: generation {} -> {}\n", name, was->second, generation);
       any = true;
     } else if (args.datasets.empty() ||
-               std::find(args.datasets.begin(), args.datasets.end(), name) !=
-                   args.datasets.end()) {
+               std::find(args.datasets.begin(), args.datasets.end(), name) != args.datasets.end()) {
       fmt::print("{}: generation {}, already current\n", name, generation);
     }
   }

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <set>
 #include <ctime>
+#include <set>
 #include <stdexcept>
 
 namespace dsfs::fs {
@@ -102,9 +102,8 @@ const prefetch::DatasetSnapshot& MountTree::list(prefetch::DatasetSnapshot snaps
   check_listable(snapshot);
   const prefetch::DatasetSnapshot& stored = table_.append(std::move(snapshot));
   std::vector<const prefetch::DatasetSnapshot*> listed = listing()->datasets;
-  const auto same_name = std::find_if(listed.begin(), listed.end(), [&](const auto* d) {
-    return d->name() == stored.name();
-  });
+  const auto same_name = std::find_if(listed.begin(), listed.end(),
+                                      [&](const auto* d) { return d->name() == stored.name(); });
   if (same_name != listed.end()) {
     *same_name = &stored;  // keeps its place in listings
   } else {
@@ -118,8 +117,8 @@ const prefetch::DatasetSnapshot& MountTree::list(prefetch::DatasetSnapshot snaps
 
 std::optional<uint32_t> MountTree::unlist(std::string_view name) {
   std::vector<const prefetch::DatasetSnapshot*> listed = listing()->datasets;
-  const auto it = std::find_if(listed.begin(), listed.end(),
-                               [&](const auto* d) { return d->name() == name; });
+  const auto it =
+      std::find_if(listed.begin(), listed.end(), [&](const auto* d) { return d->name() == name; });
   if (it == listed.end()) return std::nullopt;
   const uint32_t index = (*it)->index;
   listed.erase(it);

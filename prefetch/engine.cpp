@@ -160,9 +160,9 @@ PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
       inflight_(std::max<size_t>(options.connections, 1) * 2,
                 options.max_inflight != 0
                     ? options.max_inflight
-                    : std::clamp<size_t>(cache.capacity_bytes() / 2 /
-                                             mean_file_bytes(datasets, all_of(datasets)),
-                                         std::max<size_t>(options.connections, 1) * 2, 8192)) {
+                    : std::clamp<size_t>(
+                          cache.capacity_bytes() / 2 / mean_file_bytes(datasets, all_of(datasets)),
+                          std::max<size_t>(options.connections, 1) * 2, 8192)) {
   options_.connections = std::max<size_t>(options_.connections, 1);
   // The prefetcher may fill the cache but for a tenth kept for reads it did not foresee.
   model_->set_lookahead(static_cast<size_t>(cache.capacity_bytes() * 9 / 10 /
@@ -172,8 +172,8 @@ PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
 void PrefetchEngine::reshape(std::span<const uint32_t> active) {
   // Built outside the lock: a catalogue of a million files takes a while to walk.
   auto model = std::make_unique<PredictionModel>(shape_of(datasets_, active), options_.seed);
-  model->set_lookahead(static_cast<size_t>(cache_.capacity_bytes() * 9 / 10 /
-                                           mean_file_bytes(datasets_, active)));
+  model->set_lookahead(
+      static_cast<size_t>(cache_.capacity_bytes() * 9 / 10 / mean_file_bytes(datasets_, active)));
   std::lock_guard lock(mutex_);
   model_ = std::move(model);
   held_.reset();

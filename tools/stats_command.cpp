@@ -17,6 +17,7 @@
 #include <string_view>
 #include <thread>
 
+#include "src/store/log_text.h"
 #include "tools/plan_command.h"
 #include "tools/progress.h"
 #include "tools/stop_signal.h"
@@ -176,6 +177,29 @@ std::string cache_row(const Json& stats) {
                                   fill, count_text(number(stats, {"cache", "entries"}))));
 }
 
+// The datasets shown and what the watcher changed: "3 listed  added 1  removed 0  refreshed 2
+// pending ds (generation 5)".
+std::string datasets_row(const Json& stats) {
+  const Json* listed = find(stats, {"datasets"});
+  const std::string count = listed && listed->is_object()
+                                ? count_text(static_cast<double>(listed->size()))
+                                : std::string(kMissing);
+  const Json* watch = find(stats, {"watch"});
+  if (!watch) return row("datasets", fmt::format("{} listed", count));
+  std::string line = fmt::format(
+      "{} listed  added {}  removed {}  refreshed {}", count, count_text(number(*watch, {"added"})),
+      count_text(number(*watch, {"removed"})), count_text(number(*watch, {"refreshed"})));
+  if (const Json* pending = find(*watch, {"pending"}); pending && pending->is_object()) {
+    for (const auto& [name, generation] : pending->items()) {
+      line += fmt::format(
+          "  pending {} (generation {}; `dsfs refresh`)", store::log_text(name),
+          count_text(generation.is_number() ? std::optional<double>(generation.get<double>())
+                                            : std::nullopt));
+    }
+  }
+  return row("datasets", line);
+}
+
 // current - previous, or nullopt if either is missing or the counter went backwards.
 std::optional<double> delta(const Json& previous, const Json& current,
                             std::initializer_list<std::string_view> path) {
@@ -225,6 +249,7 @@ std::string format_stats_summary(const Json& stats, const std::string& mount) {
                                     text(stats, {"redis"}));
   summary += prefetch_rows(stats);
   summary += cache_row(stats);
+  summary += datasets_row(stats);
   return summary;
 }
 

@@ -31,7 +31,8 @@ int RootNode::list(const InodeRef&, uint64_t from, DirectorySink& out) {
   const std::shared_ptr<const MountTree::Listing> listing = tree_.listing();
   const uint64_t count = own + listing->datasets.size();
   for (uint64_t position = from; position < count; ++position) {
-    const prefetch::DatasetSnapshot* d = position < own ? nullptr : listing->datasets[position - own];
+    const prefetch::DatasetSnapshot* d =
+        position < own ? nullptr : listing->datasets[position - own];
     const bool added =
         d == nullptr
             ? out.add(kOwnDirectories[position].first, kOwnDirectories[position].second, position)

@@ -21,7 +21,8 @@ ViewNode::Target ViewNode::target(const InodeRef& ref) const {
 
 std::vector<const prefetch::DatasetSnapshot*> ViewNode::shown_datasets() const {
   std::vector<const prefetch::DatasetSnapshot*> shown = tree_.listing()->datasets;
-  std::erase_if(shown, [](const prefetch::DatasetSnapshot* d) { return d->index >= kMaxViewDatasets; });
+  std::erase_if(shown,
+                [](const prefetch::DatasetSnapshot* d) { return d->index >= kMaxViewDatasets; });
   return shown;
 }
 

@@ -185,7 +185,7 @@ TEST_F(MountTest, RootListsDatasetsAndTheVirtualDirectories) {
   EXPECT_EQ(list_dir(mnt() / ".meta"), (std::set<std::string>{kDataset}));
   EXPECT_EQ(list_dir(mnt() / ".meta" / kDataset),
             (std::set<std::string>{"info.json", "classes.txt", "labels.csv", "metadata.jsonl"}));
-  EXPECT_EQ(list_dir(mnt() / ".dsfs"), (std::set<std::string>{"plan", "stats.json"}));
+  EXPECT_EQ(list_dir(mnt() / ".dsfs"), (std::set<std::string>{"plan", "refresh", "stats.json"}));
 }
 
 TEST_F(MountTest, DatasetTreeIsExactlyTheIngestedOne) {

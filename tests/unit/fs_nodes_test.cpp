@@ -315,8 +315,8 @@ TEST(ViewNode, ShowsOnlyImagesAsNpyFilesUnderAnySpec) {
 TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(),
-                                  false, prefetch::EngineOptions{});
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(), false,
+                                  prefetch::EngineOptions{});
   int renders = 0;
   ControlNode node(
       tree, [&] { return "{\"render\":" + std::to_string(++renders) + "}"; }, engine);
@@ -352,8 +352,8 @@ TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
 TEST(ControlNode, ThePlanIsTheOneWritableFile) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(),
-                                  false, prefetch::EngineOptions{});
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(), false,
+                                  prefetch::EngineOptions{});
   ControlNode node(
       tree, [] { return std::string("{}"); }, engine);
   const InodeRef plan = ref_of(node.lookup(ref_of(kControlDirInode), "plan").ino);
@@ -376,8 +376,8 @@ TEST(ControlNode, ThePlanIsTheOneWritableFile) {
 TEST(ControlNode, EachWriteToRefreshIsOneRequestOfDatasetNames) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(),
-                                  false, prefetch::EngineOptions{});
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(), false,
+                                  prefetch::EngineOptions{});
   std::vector<std::vector<std::string>> requests;
   int answer = 0;
   ControlNode node(
@@ -392,7 +392,7 @@ TEST(ControlNode, EachWriteToRefreshIsOneRequestOfDatasetNames) {
   EXPECT_EQ(node.open(refresh), 0);
   ASSERT_EQ(node.write(refresh, 0, "ds other\n"), 0);
   ASSERT_EQ(node.write(refresh, 0, "\n"), 0);  // every dataset
-  ASSERT_EQ(node.truncate(refresh, 0), 0);      // O_TRUNC
+  ASSERT_EQ(node.truncate(refresh, 0), 0);     // O_TRUNC
   answer = ENOENT;
   EXPECT_EQ(node.write(refresh, 9, "\tnew\r\n"), ENOENT);  // the refresh's answer
   EXPECT_EQ(requests, (std::vector<std::vector<std::string>>{{"ds", "other"}, {}, {"new"}}));

@@ -25,6 +25,8 @@ Json full_sample() {
     "redis": "redis://127.0.0.1:6379",
     "bytes_read": 5000000000,
     "redis_ops": {"round_trips": 100, "gets": 5000, "bytes": 6000000000, "retries": 0},
+    "datasets": {"a": {"generation": 1}, "b": {"generation": 4}},
+    "watch": {"added": 1, "removed": 0, "refreshed": 2, "pending": {"b": 5}},
     "cache": {"capacity_bytes": 1073741824, "bytes": 536870912, "entries": 4321,
               "hits": 10, "misses": 2},
     "prefetch": {
@@ -74,6 +76,15 @@ TEST(StatsFormatTest, SummarizesEveryPrefetchFigure) {
   EXPECT_EQ(line_of(summary, "predictors"),
             "predictors plan 0.99 (1,000/1,010)  sequential 0.02 (2/100)  unread-set 0.50");
   EXPECT_EQ(line_of(summary, "cache"), "cache      536.9 MB of 1.1 GB (50.0%)  4,321 objects");
+  EXPECT_EQ(line_of(summary, "datasets"),
+            "datasets   2 listed  added 1  removed 0  refreshed 2  pending b (generation 5; "
+            "`dsfs refresh`)");
+}
+
+TEST(StatsFormatTest, AMountThatPredatesTheWatcherListsItsDatasetsOnly) {
+  Json stats = full_sample();
+  stats.erase("watch");
+  EXPECT_EQ(line_of(format_stats_summary(stats, "/m"), "datasets"), "datasets   2 listed");
 }
 
 TEST(StatsFormatTest, MissingFieldsPrintAsADash) {
