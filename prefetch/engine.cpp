@@ -317,6 +317,8 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
       out.push_back(std::move(f));
     }
   }
+  inflight_peak_ = std::max(inflight_peak_, inflight_objects_);
+  if (inflight_.opened_for_plan()) fetches_opened_for_plan_ += out.size();
   return out;
 }
 
@@ -465,6 +467,8 @@ EngineStats PrefetchEngine::stats() const {
   s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : inflight_.limit();
   s.inflight_max = inflight_.max();
   s.inflight_opened_for_plan = options_.mode != PrefetchMode::kOff && inflight_.opened_for_plan();
+  s.inflight_peak = inflight_peak_;
+  s.fetches_opened_for_plan = fetches_opened_for_plan_;
   s.rtt_ms = inflight_.rtt_ms();
   s.files_per_s = inflight_.files_per_s();
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;

@@ -115,6 +115,8 @@ struct EngineStats {
   uint64_t inflight_limit = 0;
   uint64_t inflight_max = 0;
   bool inflight_opened_for_plan = false;  // the window is open to the planned files at once
+  uint64_t inflight_peak = 0;             // the most objects in flight at once since the mount
+  uint64_t fetches_opened_for_plan = 0;   // prefetches sent while the window was open for a plan
   uint64_t lookahead_files = 0;
   double rtt_ms = 0;
   double files_per_s = 0;
@@ -211,6 +213,8 @@ class PrefetchEngine {
   std::unique_ptr<PredictionModel> model_;  // replaced whole by reshape()
   InflightControl inflight_;
   uint64_t inflight_objects_ = 0;
+  uint64_t inflight_peak_ = 0;
+  uint64_t fetches_opened_for_plan_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::optional<Proposal> held_;  // proposed, but the cache had no room yet
   std::vector<ObjectKey> held_keys_;

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""The first epoch on a fresh mount (issue 17): files/s for `--prefetch auto`, `off` and a
+written plan, with the object cache at 25%, 100% and 200% of the dataset's bytes, next to the
+server and through `dsfs proxy` at 10 and 100 ms, read by the C bench and by a Python reader,
+with raw pipelined Redis GETs beside them. One or more builds side by side in one run.
+
+    bench/first_epoch.py [--quick] [--builds build[,build-before]] [--labels after,before]
+
+Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a private
+redis-server on a unix socket, then for every RTT (0: the server's socket itself, as the
+embedded default reads it; 10, 100: through `dsfs proxy --rtt`), run, cache size, mode, reader
+and build, in that nesting (builds interleaved, so load drifts hit them alike):
+
+  mount    `dsfs mount --dataset bench --prefetch auto|off --cache-size F x data`, fresh
+  reader   c:      `dsfs bench M/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches`
+                   (`--plan` for the plan mode: the epoch's order written to M/.dsfs/plan first)
+           python: 8 threads, a shuffled order, `open(p, "rb").read()` per file (open, fstat,
+                   read to EOF, close: what PIL and most loaders do); page cache dropped first;
+                   the plan mode writes the order to M/.dsfs/plan before the clock starts
+  figures  files/s, the daemon's CPU per file and RSS (VmRSS at the end, VmHWM), reads found
+           ready / joined / missed, GETs, the in-flight peak and fetches sent with the window
+           open for a plan (stats.json)
+
+and `dsfs_bench_redis_raw` (8 threads, 4 pipelined GETs each, no FUSE, no cache) at each RTT:
+what Redis itself serves to the same number of readers. An epoch longer than --epoch-seconds is
+cut there (prefetching off at 100 ms: 80 files/s); its files/s is still the rate.
+
+Writes bench/results/NAME.json and NAME.png, and (unless --quick or --no-docs) the generated
+section of docs/benchmarks.md. Needs root (mounts, drop_caches). Everything it starts is removed
+on exit, Ctrl-C included.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import OrderedDict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (REPO, Proxy, RedisServer, drop_caches, load_average, log,  # noqa: E402
+                    machine_info, median, mount_daemon_pid, private_env, process_usage, run,
+                    synth_dataset, tree_info, update_docs_section)
+from prefetch import build_source, stats_delta  # noqa: E402
+
+DOCS_START = "<!-- first_epoch.py: start -->"
+DOCS_END = "<!-- first_epoch.py: end -->"
+DOCS_HEADING = "## The first epoch (issue 17, `bench/first_epoch.py`)"
+JOBS = 8
+MODES = OrderedDict([("off", {"prefetch": "off", "plan": False}),
+                     ("auto", {"prefetch": "auto", "plan": False}),
+                     ("plan", {"prefetch": "auto", "plan": True})])
+READERS = ("c", "python")
+
+# A fresh interpreter per epoch; prints files/s. argv: seed, plan file or "" (no plan).
+PY_READER = r"""
+import os, random, sys, threading, time
+root, seed, plan, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+files = [l for l in sys.stdin.read().split("\n") if l]
+random.Random(seed).shuffle(files)
+if plan:
+    mount = os.path.dirname(root)
+    with open(plan, "w") as f:
+        f.write("".join(os.path.relpath(os.path.join(root, p), mount) + "\n" for p in files))
+errors = []
+def reader(part):
+    try:
+        for p in part:
+            with open(os.path.join(root, p), "rb") as f:
+                f.read()
+    except OSError as e:
+        errors.append(e)
+workers = [threading.Thread(target=reader, args=(files[i::threads],)) for i in range(threads)]
+start = time.perf_counter()
+for t in workers: t.start()
+for t in workers: t.join()
+elapsed = time.perf_counter() - start
+if errors: sys.exit(f"read failed: {errors[0]}")
+print(len(files), elapsed)
+"""
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.builds = OrderedDict()
+        for label, build in zip(args.labels, args.builds):
+            dsfs = os.path.abspath(os.path.join(build, "dsfs"))
+            if not os.access(dsfs, os.X_OK):
+                sys.exit(f"bench: {dsfs} is missing; build first (scripts/build {build})")
+            self.builds[label] = {"dsfs": dsfs, "source": build_source(build),
+                                  "raw": os.path.abspath(os.path.join(
+                                      build, "bench", "dsfs_bench_redis_raw"))}
+        first = next(iter(self.builds.values()))
+        self.dsfs = first["dsfs"]
+        self.raw = first["raw"]
+        if not os.access(self.raw, os.X_OK):
+            sys.exit(f"bench: {self.raw} is missing; build first")
+        self.workdir = tempfile.mkdtemp(prefix="dsfs-first-epoch-")
+        self.env = private_env(self.workdir)
+        self.mnt = os.path.join(self.workdir, "mnt")
+        os.makedirs(self.mnt)
+        self.redis = self.proxy = self.created_data = None
+        self.results = {"machine": machine_info(), "config": vars(args).copy(),
+                        "builds": {k: v["source"] for k, v in self.builds.items()},
+                        "load_average": {"start": load_average()}, "cases": [], "raw": []}
+
+    # ---- setup and teardown ----
+
+    def start(self):
+        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
+        if created and not self.args.keep_data:
+            self.created_data = os.path.dirname(data)
+        self.dataset = tree_info(data)
+        self.results["dataset"] = self.dataset
+        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
+                            for d, _, names in os.walk(data) for n in names)
+        self.redis = RedisServer(self.workdir)
+        log(f"ingesting {data} into {self.redis.url}")
+        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", self.redis.url,
+             "--progress", "none"], env=self.env)
+        if self.created_data:  # Redis holds it now; free the tmpfs copy's memory
+            shutil.rmtree(self.created_data, ignore_errors=True)
+
+    def close(self):
+        self.umount()
+        if self.proxy:
+            self.proxy.close()
+        if self.redis:
+            self.redis.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.created_data:
+            shutil.rmtree(self.created_data, ignore_errors=True)
+            try:
+                os.rmdir(self.args.data_dir)
+            except OSError:
+                pass
+
+    def url_for(self, rtt):
+        """The server's own socket at 0 ms; otherwise a proxy adding `rtt` ms."""
+        if self.proxy:
+            self.proxy.close()
+            self.proxy = None
+        if rtt == 0:
+            return self.redis.url
+        self.proxy = Proxy(self.dsfs, self.workdir, self.redis.sock, rtt)
+        return self.proxy.url
+
+    def umount(self):
+        if os.path.ismount(self.mnt):
+            res = run([self.dsfs, "umount", self.mnt], env=self.env, check=False)
+            if os.path.ismount(self.mnt):
+                log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
+                run(["umount", "-l", self.mnt], check=False)
+
+    def stats(self):
+        # buffering=0: no isatty() ioctl counted in the figures it reads
+        with open(os.path.join(self.mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
+            return json.loads(f.read())
+
+    # ---- one first epoch ----
+
+    def epoch(self, build, url, mode, cache_fraction, reader, seed):
+        spec = MODES[mode]
+        cache = max(1 << 20, int(self.dataset["bytes"] * cache_fraction))
+        run([build["dsfs"], "mount", self.mnt, "--redis", url, "--dataset", "bench", "--prefetch",
+             spec["prefetch"], "--cache-size", cache, "--timeout", "120s"], env=self.env)
+        try:
+            root = os.path.join(self.mnt, "bench")
+            pid = mount_daemon_pid(self.mnt)
+            before = self.stats()
+            start = process_usage(pid)
+            if reader == "c":
+                out = os.path.join(self.workdir, "bench.json")
+                args = [build["dsfs"], "bench", root, "--pattern", "epochs", "--jobs", JOBS,
+                        "--epochs", 1, "--seed", seed, "--drop-caches", "--json", out,
+                        "--duration", f"{self.args.epoch_seconds}s"]
+                if spec["plan"]:
+                    args.append("--plan")
+                run(args, timeout=600)
+                with open(out) as f:
+                    e = json.load(f)["epochs"][0]
+                if e["errors"]:
+                    raise RuntimeError(f"dsfs bench: {e['errors']} read errors")
+                files, seconds = e["files"], e["seconds"]
+            else:
+                drop_caches()
+                plan = os.path.join(self.mnt, ".dsfs", "plan") if spec["plan"] else ""
+                res = subprocess.run(
+                    ["/usr/bin/python3", "-c", PY_READER, root, str(seed), plan, str(JOBS)],
+                    input="\n".join(self.paths), text=True, capture_output=True,
+                    timeout=max(600, 20 * self.args.epoch_seconds))
+                if res.returncode != 0:
+                    raise RuntimeError(f"python reader failed: {res.stderr.strip()}")
+                files, seconds = (float(x) for x in res.stdout.split())
+            end = process_usage(pid)
+            after = self.stats()
+        finally:
+            self.umount()
+        delta = stats_delta(before, after)
+        inflight = after["prefetch"]["inflight"]
+        return {"files": int(files), "seconds": seconds, "files_per_s": files / seconds,
+                "cpu_us_per_file": 1e6 * (end["cpu_s"] - start["cpu_s"]) / max(files, 1),
+                "rss_bytes": end["rss_bytes"], "hwm_bytes": end["hwm_bytes"],
+                "cache_bytes": cache, "reads": delta["reads"], "gets": delta["gets"],
+                "stall_p99_us": delta["stall_p99_us"], "leader": delta["leader"],
+                "inflight_peak": inflight.get("peak"),
+                "fetches_opened_for_plan": inflight.get("fetches_opened_for_plan")}
+
+    def raw_epoch(self, url, seed):
+        out = os.path.join(self.workdir, "raw.json")
+        run([self.raw, "--redis", url, "--dataset", "bench", "--pattern", "epochs", "--jobs", JOBS,
+             "--pipeline", 4, "--epochs", 1, "--seed", seed, "--json", out], timeout=900)
+        with open(out) as f:
+            e = json.load(f)["epochs"][0]
+        return {"files": e["files"], "seconds": e["seconds"], "files_per_s": e["files_per_s"]}
+
+    # ---- the sweep ----
+
+    def sweep(self):
+        a = self.args
+        for rtt in a.rtts:
+            url = self.url_for(rtt)
+            runs = {}
+            raw = []
+            for rep in range(a.runs):
+                seed = 1000 + rep
+                raw.append(self.raw_epoch(url, seed)["files_per_s"])
+                for fraction in a.caches:
+                    for mode in a.modes:
+                        for reader in a.readers:
+                            for label, build in self.builds.items():
+                                fig = self.epoch(build, url, mode, fraction / 100, reader, seed)
+                                runs.setdefault((label, fraction, mode, reader), []).append(fig)
+                                log(f"rtt {rtt} ms, cache {fraction}%, {mode}, {reader}, "
+                                    f"{label}, run {rep + 1}: {fig['files_per_s']:.0f} files/s, "
+                                    f"{fig['cpu_us_per_file']:.0f} us CPU/file, reads "
+                                    f"{fig['reads']}, peak {fig['inflight_peak']}")
+            self.results["raw"].append({"rtt_ms": rtt, "runs": raw, "files_per_s": median(raw)})
+            log(f"rtt {rtt} ms, raw Redis: {median(raw):.0f} files/s")
+            for (label, fraction, mode, reader), figs in runs.items():
+                self.results["cases"].append({
+                    "build": label, "rtt_ms": rtt, "cache_percent": fraction, "mode": mode,
+                    "reader": reader, "runs": figs,
+                    "files_per_s": median([f["files_per_s"] for f in figs]),
+                    "cpu_us_per_file": median([f["cpu_us_per_file"] for f in figs]),
+                    "hwm_mib": median([f["hwm_bytes"] for f in figs]) / 2**20,
+                    "ready_share": median([f["reads"]["ready"] / max(1, sum(f["reads"].values()))
+                                           for f in figs])})
+            self.save()
+
+    def save(self):
+        os.makedirs(self.args.results_dir, exist_ok=True)
+        with open(os.path.join(self.args.results_dir, f"{self.args.name}.json"), "w") as f:
+            json.dump(self.results, f, indent=1)
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+def case(results, **match):
+    for c in results["cases"]:
+        if all(c[k] == v for k, v in match.items()):
+            return c
+    return None
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cfg = results["config"]
+    rtts = cfg["rtts"]
+    fig, axes = plt.subplots(len(cfg["readers"]), len(cfg["caches"]), sharey=True,
+                             figsize=(4 * len(cfg["caches"]), 3.2 * len(cfg["readers"])),
+                             squeeze=False)
+    for row, reader in enumerate(cfg["readers"]):
+        for col, fraction in enumerate(cfg["caches"]):
+            ax = axes[row][col]
+            for label in cfg["labels"]:
+                for mode in cfg["modes"]:
+                    ys = [(case(results, build=label, rtt_ms=r, cache_percent=fraction, mode=mode,
+                                reader=reader) or {}).get("files_per_s", 0) for r in rtts]
+                    ax.plot(range(len(rtts)), ys, marker="o",
+                            linestyle="-" if label == cfg["labels"][0] else "--",
+                            label=f"{mode} ({label})" if len(cfg["labels"]) > 1 else mode)
+            raw = [next((x["files_per_s"] for x in results["raw"] if x["rtt_ms"] == r), 0)
+                   for r in rtts]
+            ax.plot(range(len(rtts)), raw, color="gray", linestyle=":", label="raw Redis")
+            ax.set_xticks(range(len(rtts)), [f"{r} ms" for r in rtts])
+            ax.set_title(f"{reader} reader, cache {fraction}%", fontsize=9)
+            ax.set_yscale("log")
+            if col == 0:
+                ax.set_ylabel("first epoch, files/s")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(results, name):
+    cfg = results["config"]
+    ds = results["dataset"]
+    lines = [DOCS_START, "",
+             f"Generated by `bench/first_epoch.py` on {results['machine']['date']} "
+             f"({results['machine']['cpus']} CPUs, {results['machine']['cpu_model']}): "
+             f"{ds['files']:,} files, {ds['bytes'] / 1e6:.0f} MB, a fresh mount per epoch, page "
+             f"cache dropped, median of {cfg['runs']}; raw = `dsfs_bench_redis_raw` (8 threads x "
+             f"4 pipelined GETs, no FUSE). Files/s (daemon CPU µs per file; reads found ready). "
+             f"Results: `bench/results/{name}.json`, plot `bench/results/{name}.png`.", ""]
+    for label, src in results["builds"].items():
+        lines.append(f"- `{label}`: {src.get('commit', '?')}"
+                     f"{' + uncommitted changes' if src.get('uncommitted_changes') else ''}")
+    lines.append("")
+    header = "| RTT | cache | reader | raw Redis | " + " | ".join(
+        f"{m} ({label})" if len(cfg["labels"]) > 1 else m
+        for m in cfg["modes"] for label in cfg["labels"]) + " |"
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
+    for rtt in cfg["rtts"]:
+        raw = next((x["files_per_s"] for x in results["raw"] if x["rtt_ms"] == rtt), 0)
+        for fraction in cfg["caches"]:
+            for reader in cfg["readers"]:
+                cells = []
+                for mode in cfg["modes"]:
+                    for label in cfg["labels"]:
+                        c = case(results, build=label, rtt_ms=rtt, cache_percent=fraction,
+                                 mode=mode, reader=reader)
+                        cells.append("" if c is None else
+                                     f"{c['files_per_s']:,.0f} ({c['cpu_us_per_file']:.0f} µs; "
+                                     f"{100 * c['ready_share']:.0f}%)")
+                lines.append(f"| {rtt} ms | {fraction}% | {reader} | {raw:,.0f} | "
+                             + " | ".join(cells) + " |")
+    lines += ["", DOCS_END]
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 1,000 files, RTT 0 and 10 ms, cache 100%%, one run")
+    p.add_argument("--builds", default="build",
+                   help="build directories, comma-separated, compared side by side (build)")
+    p.add_argument("--labels", default=None,
+                   help="a name per build for the tables (default: the directories' names)")
+    p.add_argument("--files", type=int, default=None, help="dataset size (3,000; --quick 1,000)")
+    p.add_argument("--runs", type=int, default=None, help="runs per case, median (3; --quick 1)")
+    p.add_argument("--rtts", default=None, help="RTTs in ms (0,10,100; --quick 0,10)")
+    p.add_argument("--caches", default=None,
+                   help="cache sizes, percent of the data (25,100,200; --quick 100)")
+    p.add_argument("--modes", default=",".join(MODES), help="off,auto,plan")
+    p.add_argument("--readers", default=",".join(READERS), help="c,python")
+    p.add_argument("--epoch-seconds", type=int, default=20,
+                   help="cut an epoch after this long (20)")
+    p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
+    p.add_argument("--keep-data", action="store_true")
+    p.add_argument("--name", default="first_epoch")
+    p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    q = args.quick
+    args.files = args.files or (1000 if q else 3000)
+    args.runs = args.runs or (1 if q else 3)
+    args.rtts = [int(x) for x in (args.rtts or ("0,10" if q else "0,10,100")).split(",")]
+    args.caches = [int(x) for x in (args.caches or ("100" if q else "25,100,200")).split(",")]
+    args.modes = args.modes.split(",")
+    args.readers = args.readers.split(",")
+    args.builds = args.builds.split(",")
+    args.labels = (args.labels.split(",") if args.labels
+                   else [os.path.basename(os.path.abspath(b)) for b in args.builds])
+    for m in args.modes:
+        if m not in MODES:
+            sys.exit(f"bench: unknown mode {m!r}; choose from {', '.join(MODES)}")
+    for r in args.readers:
+        if r not in READERS:
+            sys.exit(f"bench: unknown reader {r!r}; choose from {', '.join(READERS)}")
+    if len(args.labels) != len(args.builds) or len(set(args.labels)) != len(args.labels):
+        sys.exit("bench: --labels needs one distinct name per build")
+    bench = Bench(args)
+    try:
+        bench.start()
+        bench.sweep()
+    finally:
+        bench.close()
+    bench.results["load_average"]["end"] = load_average()
+    bench.save()
+    png = os.path.join(args.results_dir, f"{args.name}.png")
+    plot(bench.results, png)
+    text = markdown(bench.results, args.name)
+    print(text)
+    if not args.quick and not args.no_docs:
+        update_docs_section(DOCS_START, DOCS_END, DOCS_HEADING, text)
+    log(f"results: {args.results_dir}/{args.name}.json, {png}")
+
+
+if __name__ == "__main__":
+    main()
