@@ -23,7 +23,8 @@ and build, in that nesting (builds interleaved, so load drifts hit them alike):
 
 and `dsfs_bench_redis_raw` (8 threads, 4 pipelined GETs each, no FUSE, no cache) at each RTT:
 what Redis itself serves to the same number of readers. An epoch longer than --epoch-seconds is
-cut there (prefetching off at 100 ms: 80 files/s); its files/s is still the rate.
+cut there, by either reader (prefetching off at 100 ms: 80 files/s); its files/s is still the
+rate.
 
 Writes bench/results/NAME.json and NAME.png, and (unless --quick or --no-docs) the generated
 section of docs/benchmarks.md. Needs root (mounts, drop_caches). Everything it starts is removed
@@ -33,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,10 +55,12 @@ MODES = OrderedDict([("off", {"prefetch": "off", "plan": False}),
                      ("plan", {"prefetch": "auto", "plan": True})])
 READERS = ("c", "python")
 
-# A fresh interpreter per epoch; prints files/s. argv: seed, plan file or "" (no plan).
+# A fresh interpreter per epoch; prints the files read and the seconds taken. argv: root, seed,
+# plan file or "" (no plan), threads, seconds after which the epoch is cut.
 PY_READER = r"""
 import os, random, sys, threading, time
 root, seed, plan, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+limit = float(sys.argv[5])
 files = [l for l in sys.stdin.read().split("\n") if l]
 random.Random(seed).shuffle(files)
 if plan:
@@ -64,20 +68,24 @@ if plan:
     with open(plan, "w") as f:
         f.write("".join(os.path.relpath(os.path.join(root, p), mount) + "\n" for p in files))
 errors = []
-def reader(part):
+done = [0] * threads
+def reader(i):
     try:
-        for p in part:
+        for p in files[i::threads]:
+            if time.perf_counter() - start > limit:
+                return
             with open(os.path.join(root, p), "rb") as f:
                 f.read()
+            done[i] += 1
     except OSError as e:
         errors.append(e)
-workers = [threading.Thread(target=reader, args=(files[i::threads],)) for i in range(threads)]
+workers = [threading.Thread(target=reader, args=(i,)) for i in range(threads)]
 start = time.perf_counter()
 for t in workers: t.start()
 for t in workers: t.join()
 elapsed = time.perf_counter() - start
 if errors: sys.exit(f"read failed: {errors[0]}")
-print(len(files), elapsed)
+print(sum(done), elapsed)
 """
 
 
@@ -188,7 +196,8 @@ class Bench:
                 drop_caches()
                 plan = os.path.join(self.mnt, ".dsfs", "plan") if spec["plan"] else ""
                 res = subprocess.run(
-                    ["/usr/bin/python3", "-c", PY_READER, root, str(seed), plan, str(JOBS)],
+                    ["/usr/bin/python3", "-c", PY_READER, root, str(seed), plan, str(JOBS),
+                     str(self.args.epoch_seconds)],
                     input="\n".join(self.paths), text=True, capture_output=True,
                     timeout=max(600, 20 * self.args.epoch_seconds))
                 if res.returncode != 0:
@@ -377,6 +386,9 @@ def main():
             sys.exit(f"bench: unknown reader {r!r}; choose from {', '.join(READERS)}")
     if len(args.labels) != len(args.builds) or len(set(args.labels)) != len(args.labels):
         sys.exit("bench: --labels needs one distinct name per build")
+    # Ctrl-C and SIGTERM both clean up (a shell's background job starts with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     bench = Bench(args)
     try:
         bench.start()

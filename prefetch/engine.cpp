@@ -92,16 +92,7 @@ void InflightControl::on_fetched(Clock::time_point now) {
   fetched_since_ = now;
 }
 
-bool InflightControl::opened_for_plan() const {
-  return planned_ahead_ > 0 && rtt_ >= kFarRtt;
-}
-
 size_t InflightControl::limit() const {
-  if (opened_for_plan()) {
-    // Replies of a planned order are all used, in order, so queueing them costs readers
-    // nothing; the fetch-rate bound below exists for guesses.
-    return std::min(std::max({planned_ahead_, floor_, window_}), max_);
-  }
   const double rtt_s = static_cast<double>(rtt_.count()) / 1e9;
   // Twice the bandwidth-delay product: replies also queue behind one another.
   const auto wanted = static_cast<size_t>(2 * rate_ * rtt_s) + floor_;
@@ -252,10 +243,6 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
     return out;
   }
   was_active_ = true;
-  const PlanPredictor& plan = model_->plan();
-  inflight_.set_planned_ahead(model_->leader() == "plan" && plan.entries() > plan.position()
-                                  ? plan.entries() - plan.position()
-                                  : 0);
   const size_t limit = inflight_.limit();
   while (out.size() < room && inflight_objects_ < limit) {
     if (!held_) {
@@ -318,7 +305,6 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
     }
   }
   inflight_peak_ = std::max(inflight_peak_, inflight_objects_);
-  if (inflight_.opened_for_plan()) fetches_opened_for_plan_ += out.size();
   return out;
 }
 
@@ -466,9 +452,7 @@ EngineStats PrefetchEngine::stats() const {
   s.inflight_bytes = inflight_bytes_;
   s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : inflight_.limit();
   s.inflight_max = inflight_.max();
-  s.inflight_opened_for_plan = options_.mode != PrefetchMode::kOff && inflight_.opened_for_plan();
   s.inflight_peak = inflight_peak_;
-  s.fetches_opened_for_plan = fetches_opened_for_plan_;
   s.rtt_ms = inflight_.rtt_ms();
   s.files_per_s = inflight_.files_per_s();
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;

@@ -60,13 +60,7 @@ class InflightControl {
   // A prefetch completed: slow start (one more in flight), and a sample of the fetch rate.
   void on_fetched(Clock::time_point now);
   void on_idle() { window_ = floor_; }
-  // Files a plan that leads still names ahead of the readers (0: no plan leads). A planned
-  // order is no guess, so on a far link (round trip >= kFarRtt) the window opens to them at
-  // once, up to max, instead of slow-starting from the floor: the first replies give the RTT.
-  void set_planned_ahead(size_t files) { planned_ahead_ = files; }
   size_t limit() const;
-  // Whether limit() is the planned opening now.
-  bool opened_for_plan() const;
 
   double rtt_ms() const { return rtt_.count() / 1e6; }
   double files_per_s() const { return rate_; }
@@ -74,13 +68,9 @@ class InflightControl {
   size_t max() const { return max_; }
 
  private:
-  // Beyond this round trip the server's own queue (a few µs per GET) is small beside the link's.
-  static constexpr std::chrono::milliseconds kFarRtt{1};
-
   size_t floor_;
   size_t max_;
   size_t window_;
-  size_t planned_ahead_ = 0;
   double rate_ = 0;  // files read per second, smoothed
   Clock::time_point rate_since_{};
   uint64_t rate_count_ = 0;
@@ -114,9 +104,7 @@ struct EngineStats {
   uint64_t inflight_bytes = 0;
   uint64_t inflight_limit = 0;
   uint64_t inflight_max = 0;
-  bool inflight_opened_for_plan = false;  // the window is open to the planned files at once
   uint64_t inflight_peak = 0;             // the most objects in flight at once since the mount
-  uint64_t fetches_opened_for_plan = 0;   // prefetches sent while the window was open for a plan
   uint64_t lookahead_files = 0;
   double rtt_ms = 0;
   double files_per_s = 0;
@@ -214,7 +202,6 @@ class PrefetchEngine {
   InflightControl inflight_;
   uint64_t inflight_objects_ = 0;
   uint64_t inflight_peak_ = 0;
-  uint64_t fetches_opened_for_plan_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::optional<Proposal> held_;  // proposed, but the cache had no room yet
   std::vector<ObjectKey> held_keys_;

@@ -99,10 +99,11 @@ class PrefetchTest(DsfsTestCase):
             self.assertEqual(after["plan"]["position"], len(order))
             self.assertEqual(after["epoch"], epoch + 1)
         self.assertGreater(after["rtt_ms"], 15)  # it measured the proxy's 20 ms
-        # 20 ms is a far link: the plan's fetches went out with the window open to the plan at
-        # once, not slow-started from the floor (2 per connection).
-        self.assertGreater(after["inflight"]["fetches_opened_for_plan"], 0, after["inflight"])
-        self.assertGreater(after["inflight"]["peak"], 16, after["inflight"])
+        # 20 ms away slow start grew the window past its floor (2 per connection), never past
+        # its maximum (half the cache in files; a file's chunks go out together).
+        inflight = after["inflight"]
+        self.assertGreater(inflight["peak"], 16, inflight)
+        self.assertLessEqual(inflight["peak"], inflight["max"] + 8, inflight)
 
     def test_without_a_plan_a_small_cache_beats_prefetching_off(self):
         cache = str(self.dataset_bytes // 10)
@@ -122,8 +123,6 @@ class PrefetchTest(DsfsTestCase):
             if mode == "auto":
                 self.assertEqual(stats["leader"], "unread-set")
                 self.assertGreaterEqual(stats["epoch"], 3)
-                # No plan: guesses slow-start under the fetch-rate bound, never opened at once.
-                self.assertEqual(stats["inflight"]["fetches_opened_for_plan"], 0)
             else:
                 self.assertEqual(stats["bytes"]["prefetched"], 0)
             self.umount(mnt)

@@ -289,38 +289,6 @@ TEST(InflightControl, SlowStartStopsAtAFewTimesWhatThePathCarriesPerRoundTrip) {
   EXPECT_LE(control.limit(), 16u + 4 * 5u + 1);  // 5 objects per round trip, 4x, plus the floor
 }
 
-// A planned order is no guess: on a far link the window opens to what the plan names ahead as
-// soon as a reply gave the round trip, however little the first replies carried; near the server
-// slow start and the fetch-rate bound still apply.
-TEST(InflightControl, APlannedOrderOpensTheWindowAtOnceOnAFarLink) {
-  using Clock = InflightControl::Clock;
-  InflightControl far(16, 8192);
-  Clock::time_point now{std::chrono::hours(1)};
-  far.set_planned_ahead(5000);
-  EXPECT_FALSE(far.opened_for_plan());  // no round trip measured yet
-  EXPECT_EQ(far.limit(), 16u);
-  // The first window's replies: 16 per 100 ms round trip, 160 objects/s carried.
-  for (int i = 0; i < 48; ++i) {
-    now += 6250us;
-    far.on_rtt_sample(100ms, now);
-    far.on_fetched(now);
-  }
-  EXPECT_NEAR(far.fetched_per_s(), 160, 20);
-  EXPECT_TRUE(far.opened_for_plan());
-  EXPECT_EQ(far.limit(), 5000u);
-  far.set_planned_ahead(20000);
-  EXPECT_EQ(far.limit(), 8192u);  // never above max (half the cache)
-  far.set_planned_ahead(0);       // the plan no longer leads: back to slow start and its bound
-  EXPECT_FALSE(far.opened_for_plan());
-  EXPECT_LT(far.limit(), 16u + 4 * 16u + 1);
-
-  InflightControl near(16, 8192);
-  near.on_rtt_sample(200us, now);
-  near.set_planned_ahead(5000);
-  EXPECT_FALSE(near.opened_for_plan());
-  EXPECT_EQ(near.limit(), 16u);
-}
-
 // Far from Redis, slow start must still double the window every round trip: each round trip
 // brings back as many replies as were in flight.
 TEST(InflightControl, FarFromTheServerSlowStartStillDoublesEachRoundTrip) {
