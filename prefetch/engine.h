@@ -104,7 +104,7 @@ struct EngineStats {
   uint64_t inflight_bytes = 0;
   uint64_t inflight_limit = 0;
   uint64_t inflight_max = 0;
-  uint64_t inflight_peak = 0;             // the most objects in flight at once since the mount
+  uint64_t inflight_peak = 0;  // the most objects in flight at once since the mount
   uint64_t lookahead_files = 0;
   double rtt_ms = 0;
   double files_per_s = 0;
