@@ -338,7 +338,7 @@ def markdown(results, name):
                                      f"{100 * c['ready_share']:.0f}%)")
                 lines.append(f"| {rtt} ms | {fraction}% | {reader} | {raw:,.0f} | "
                              + " | ".join(cells) + " |")
-    lines += ["", DOCS_END]
+    lines += ["", f"![first epoch](../bench/results/{name}.png)", "", DOCS_END]
     return "\n".join(lines)
 
 
