@@ -12,7 +12,7 @@
 
 #include "src/catalog/dataset.h"
 #include "src/catalog/manifest.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 
 namespace {
 
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
 
   using dsfs::catalog::CatalogBuilder;
   const dsfs::catalog::KeySchema keys("dsfs");
-  dsfs::store::Connection conn(dsfs::store::parse_redis_url(redis_url));
+  dsfs::store::Client client({dsfs::store::parse_redis_url(redis_url)});
   nlohmann::json out{{"files", files}, {"classes", classes}};
 
   auto t0 = std::chrono::steady_clock::now();
@@ -72,16 +72,15 @@ int main(int argc, char** argv) {
 
   // Tiny objects, pipelined, so the mounted dataset is readable end to end.
   t0 = std::chrono::steady_clock::now();
-  const uint64_t gen = dsfs::catalog::begin_generation(conn, keys, dataset);
+  const uint64_t gen = dsfs::catalog::begin_generation(client, keys, dataset);
   const std::string payload(16, 'x');
   constexpr uint64_t kBatch = 10'000;
   for (uint64_t first = 0; first < files; first += kBatch) {
     std::vector<std::vector<std::string>> commands;
     for (uint64_t i = first; i < std::min(files, first + kBatch); ++i)
       commands.push_back({"SET", keys.object(dataset, gen, i), payload});
-    dsfs::store::pipeline(conn, commands, 256, [](size_t, const dsfs::store::Reply& reply) {
-      reply.expect_ok("SET object");
-    });
+    client.pipeline(commands, 256,
+                    [](size_t, const dsfs::store::Reply& reply) { reply.expect_ok("SET object"); });
   }
   out["write_objects_s"] = seconds_since(t0);
 
@@ -95,12 +94,12 @@ int main(int argc, char** argv) {
   info.class_count = classes;
   info.created_unix = std::time(nullptr);
   info.source = "bench/catalog_scale";
-  dsfs::catalog::publish(conn, keys, info, catalog);
+  dsfs::catalog::publish(client, keys, info, catalog);
   out["publish_s"] = seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
   auto loaded =
-      dsfs::catalog::load_catalog(conn, keys, dsfs::catalog::read_info(conn, keys, dataset));
+      dsfs::catalog::load_catalog(client, keys, dsfs::catalog::read_info(client, keys, dataset));
   out["load_from_redis_s"] = seconds_since(t0);
   out["loaded_files"] = loaded->file_count();
   std::puts(out.dump().c_str());

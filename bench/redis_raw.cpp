@@ -187,7 +187,9 @@ int run(const RawOptions& options, const dsfs::cli::GlobalOptions& global) {
   const BenchPattern pattern = dsfs::tools::parse_bench_pattern(options.pattern);
   const dsfs::store::RedisEndpoint endpoint = dsfs::cli::resolve_endpoint(global);
   const dsfs::catalog::KeySchema keys(global.ns);
-  dsfs::store::Connection control(endpoint);
+  // The catalogue through a client; the reads below on connections of their own to this one
+  // server (what raw Redis can do, without dsfs's routing).
+  dsfs::store::Client control({endpoint});
   const dsfs::catalog::DatasetInfo info = dsfs::catalog::read_info(control, keys, options.dataset);
   const auto catalog = dsfs::catalog::load_catalog(control, keys, info);
 

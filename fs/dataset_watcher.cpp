@@ -12,21 +12,17 @@
 namespace dsfs::fs {
 namespace {
 
-// A slow Redis must not hold a refresh up for long; a catalogue of a million files still loads.
-const store::ConnectOptions kWatchConnect{.connect_timeout = std::chrono::milliseconds{2000},
-                                          .io_timeout = std::chrono::milliseconds{30000}};
-
 bool reserved_name(std::string_view name) {
   return name == kMetaDirName || name == kControlDirName || name == kViewsDirName;
 }
 
 }  // namespace
 
-DatasetWatcher::DatasetWatcher(MountTree& tree, store::RedisEndpoint endpoint,
-                               catalog::KeySchema keys, WatchOptions options,
-                               GenerationLeases* leases, ChangeListener on_change)
+DatasetWatcher::DatasetWatcher(MountTree& tree, store::Client& client, catalog::KeySchema keys,
+                               WatchOptions options, GenerationLeases* leases,
+                               ChangeListener on_change)
     : tree_(tree),
-      endpoint_(std::move(endpoint)),
+      client_(client),
       keys_(std::move(keys)),
       options_(std::move(options)),
       leases_(leases),
@@ -46,14 +42,6 @@ void DatasetWatcher::stop() {
   poller_.request_stop();
   wake_.notify_all();
   poller_.join();
-}
-
-store::Connection& DatasetWatcher::connection() {
-  if (!conn_ || conn_->broken()) {
-    conn_.reset();
-    conn_.emplace(endpoint_, kWatchConnect);
-  }
-  return *conn_;
 }
 
 void DatasetWatcher::poll_loop(std::stop_token stop) {
@@ -80,7 +68,7 @@ void DatasetWatcher::poll_loop(std::stop_token stop) {
         spdlog::warn(
             "cannot check {} for dataset changes ({}); the mount serves what it has and tries "
             "again every {} s",
-            endpoint_.describe(), store::log_text(e.what(), 400),
+            client_.describe(), store::log_text(e.what(), 400),
             static_cast<double>(options_.interval.count()) / 1000.0);
       }
       failing_ = true;
@@ -101,7 +89,7 @@ int DatasetWatcher::refresh(const std::vector<std::string>& names) {
       MutexLock stats(stats_mutex_);
       ++stats_.poll_failures;
     }
-    spdlog::error("refresh failed: cannot read the datasets from {}: {}", endpoint_.describe(),
+    spdlog::error("refresh failed: cannot read the datasets from {}: {}", client_.describe(),
                   store::log_text(e.what(), 400));
     return EIO;
   }
@@ -115,8 +103,7 @@ WatchStats DatasetWatcher::stats() const {
 }
 
 std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* update, int& error) {
-  store::Connection& conn = connection();
-  const std::vector<std::string> published_list = catalog::list_datasets(conn, keys_);
+  const std::vector<std::string> published_list = catalog::list_datasets(client_, keys_);
   const std::set<std::string> published(published_list.begin(), published_list.end());
   std::vector<std::string> changed;
   WatchStats counted;
@@ -126,7 +113,7 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
   for (const prefetch::DatasetSnapshot* d : tree_.listing()->datasets) {
     if (published.contains(d->name())) continue;
     tree_.unlist(d->name());
-    drop_lease(conn, d->name(), d->generation());
+    drop_lease(d->name(), d->generation());
     changed.push_back(d->name());
     ++counted.removed;
     spdlog::info("dataset '{}' was removed from Redis; it no longer appears in the mount",
@@ -156,7 +143,7 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
     const prefetch::DatasetSnapshot* listed = index ? tree_.dataset(*index) : nullptr;
     catalog::DatasetInfo info;
     try {
-      info = catalog::read_info(conn, keys_, name);
+      info = catalog::read_info(client_, keys_, name);
     } catch (const store::ConnectionError&) {
       throw;
     } catch (const store::ReplyError&) {
@@ -172,7 +159,7 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
     }
     if (listed == nullptr) {
       if (skipped_.contains(name) && skipped_[name] == info.generation) continue;
-      if (list_current(conn, name, nullptr)) {
+      if (list_current(name, nullptr)) {
         changed.push_back(name);
         ++counted.added;
       }
@@ -185,7 +172,7 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
       pending[name] = info.generation;
       continue;
     }
-    if (list_current(conn, name, listed)) {
+    if (list_current(name, listed)) {
       changed.push_back(name);
       ++counted.refreshed;
     } else {
@@ -219,19 +206,19 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
   return changed;
 }
 
-bool DatasetWatcher::list_current(store::Connection& conn, const std::string& name,
+bool DatasetWatcher::list_current(const std::string& name,
                                   const prefetch::DatasetSnapshot* replacing) {
   prefetch::DatasetSnapshot snapshot;
   bool pinned = false;
   try {
     // Pinned before loading, as at mount time: no collection can delete it from here on.
     if (leases_) {
-      snapshot.info = leases_->pin_current(conn, name);
+      snapshot.info = leases_->pin_current(name);
       pinned = true;
     } else {
-      snapshot.info = catalog::read_info(conn, keys_, name);
+      snapshot.info = catalog::read_info(client_, keys_, name);
     }
-    snapshot.catalog = catalog::load_catalog(conn, keys_, snapshot.info);
+    snapshot.catalog = catalog::load_catalog(client_, keys_, snapshot.info);
   } catch (const store::ConnectionError&) {
     if (pinned) leases_->forget(name, snapshot.info.generation);
     throw;
@@ -242,7 +229,7 @@ bool DatasetWatcher::list_current(store::Connection& conn, const std::string& na
     spdlog::warn("dataset '{}' generation {} cannot be served: {}", store::log_text(name),
                  snapshot.info.generation, store::log_text(e.what(), 400));
     skipped_[name] = snapshot.info.generation;
-    if (pinned) drop_lease(conn, name, snapshot.info.generation);
+    if (pinned) drop_lease(name, snapshot.info.generation);
     return false;
   }
   const uint64_t generation = snapshot.info.generation;
@@ -254,12 +241,12 @@ bool DatasetWatcher::list_current(store::Connection& conn, const std::string& na
     spdlog::warn("dataset '{}' generation {} cannot be listed: {}", store::log_text(name),
                  generation, e.what());
     skipped_[name] = generation;
-    if (pinned) drop_lease(conn, name, generation);
+    if (pinned) drop_lease(name, generation);
     return false;
   }
   skipped_.erase(name);
   if (replacing) {
-    drop_lease(conn, name, replacing->generation());
+    drop_lease(name, replacing->generation());
     spdlog::info(
         "dataset '{}' now shows generation {} ({} files); files opened before keep reading "
         "generation {}, whose catalogue ({:.1f} MB) stays in memory until unmount",
@@ -273,11 +260,10 @@ bool DatasetWatcher::list_current(store::Connection& conn, const std::string& na
   return true;
 }
 
-void DatasetWatcher::drop_lease(store::Connection& conn, const std::string& name,
-                                uint64_t generation) {
+void DatasetWatcher::drop_lease(const std::string& name, uint64_t generation) {
   if (!leases_) return;
   try {
-    leases_->unpin(conn, name, generation);
+    leases_->unpin(name, generation);
   } catch (const std::exception& e) {
     // The lease is no longer renewed either way, so it expires by itself.
     spdlog::warn(

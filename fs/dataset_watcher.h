@@ -18,8 +18,7 @@
 
 #include "fs/node.h"
 #include "src/catalog/keys.h"
-#include "src/store/connection.h"
-#include "src/store/redis_url.h"
+#include "src/store/client.h"
 #include "src/store/thread_annotations.h"
 
 namespace dsfs::fs {
@@ -55,9 +54,9 @@ class DatasetWatcher {
   // that ran the pass, outside the watcher's locks.
   using ChangeListener = std::function<void(const std::vector<std::string>& names)>;
 
-  // `leases` (may be null) pins each generation listed and is told of those unlisted; it must
-  // outlive the watcher.
-  DatasetWatcher(MountTree& tree, store::RedisEndpoint endpoint, catalog::KeySchema keys,
+  // Asks Redis through `client` (the mount's). `leases` (may be null) pins each generation
+  // listed and is told of those unlisted. Both must outlive the watcher.
+  DatasetWatcher(MountTree& tree, store::Client& client, catalog::KeySchema keys,
                  WatchOptions options, GenerationLeases* leases, ChangeListener on_change);
   ~DatasetWatcher();  // stop()
   DatasetWatcher(const DatasetWatcher&) = delete;
@@ -83,22 +82,19 @@ class DatasetWatcher {
       DSFS_REQUIRES(pass_mutex_);
   // Loads and pins the current generation of `name` and lists it. False (logged) if it cannot
   // be served; store errors propagate.
-  bool list_current(store::Connection& conn, const std::string& name,
-                    const prefetch::DatasetSnapshot* replacing) DSFS_REQUIRES(pass_mutex_);
-  void drop_lease(store::Connection& conn, const std::string& name, uint64_t generation)
+  bool list_current(const std::string& name, const prefetch::DatasetSnapshot* replacing)
       DSFS_REQUIRES(pass_mutex_);
-  store::Connection& connection() DSFS_REQUIRES(pass_mutex_);
+  void drop_lease(const std::string& name, uint64_t generation) DSFS_REQUIRES(pass_mutex_);
   void poll_loop(std::stop_token stop);
 
   MountTree& tree_;
-  const store::RedisEndpoint endpoint_;
+  store::Client& client_;
   const catalog::KeySchema keys_;
   const WatchOptions options_;
   GenerationLeases* const leases_;
   const ChangeListener on_change_;
 
   Mutex pass_mutex_;
-  std::optional<store::Connection> conn_ DSFS_GUARDED_BY(pass_mutex_);
   // Generations that could not be served (damaged, a newer schema), warned about once each.
   std::map<std::string, uint64_t> skipped_ DSFS_GUARDED_BY(pass_mutex_);
 

@@ -75,31 +75,33 @@ uint64_t default_cache_bytes() {
   return std::clamp(physical / 8, kMinDefault, kMaxDefault);
 }
 
-namespace {
-store::ConnectOptions connect_options(std::chrono::milliseconds timeout) {
+store::ClientOptions client_options(const FilesystemOptions& options) {
   using std::chrono::milliseconds;
   // A stalled server must break a connection well within a read's retry budget.
-  return store::ConnectOptions{
-      .connect_timeout = std::clamp(timeout, milliseconds{200}, milliseconds{2000}),
-      .io_timeout = std::clamp(timeout, milliseconds{1000}, milliseconds{10000}),
+  return store::ClientOptions{
+      .connect = {.connect_timeout =
+                      std::clamp(options.timeout, milliseconds{200}, milliseconds{2000}),
+                  .io_timeout =
+                      std::clamp(options.timeout, milliseconds{1000}, milliseconds{10000})},
+      .connections_per_node = options.connections,
+      .read_from = options.read_from,
+      .retry_budget = options.timeout,
   };
 }
-}  // namespace
 
-Filesystem::Filesystem(store::RedisEndpoint endpoint,
+Filesystem::Filesystem(std::shared_ptr<store::Client> client,
                        std::vector<prefetch::DatasetSnapshot> datasets, FilesystemOptions options)
     : options_(std::move(options)),
       tree_(std::move(datasets)),
-      pool_(std::move(endpoint), options_.connections, connect_options(options_.timeout)),
+      client_(std::move(client)),
       cache_(options_.cache_bytes),
-      fetcher_(pool_, catalog::KeySchema(options_.ns),
+      fetcher_(*client_, catalog::KeySchema(options_.ns),
                prefetch::FetcherOptions{.timeout = options_.timeout}),
       reader_(cache_, fetcher_, options_.verify),
-      engine_(cache_, fetcher_, tree_.table(), pool_.endpoint(), options_.verify,
+      engine_(cache_, fetcher_, tree_.table(), *client_, options_.verify,
               prefetch::EngineOptions{.mode = options_.prefetch,
                                       .connections = options_.connections,
-                                      .max_inflight = options_.max_inflight,
-                                      .connect = connect_options(options_.timeout)}),
+                                      .max_inflight = options_.max_inflight}),
       views_(reader_, cache_, options_.view_cache_bytes),
       root_node_(tree_),
       dataset_node_(tree_, reader_, counters_),
@@ -108,7 +110,7 @@ Filesystem::Filesystem(store::RedisEndpoint endpoint,
       control_node_(
           tree_, [this] { return stats_json(); }, engine_,
           [this](const std::vector<std::string>& names) { return watcher_.refresh(names); }),
-      watcher_(tree_, pool_.endpoint(), catalog::KeySchema(options_.ns), options_.watch,
+      watcher_(tree_, *client_, catalog::KeySchema(options_.ns), options_.watch,
                options_.leases,
                [this](const std::vector<std::string>& names) { datasets_changed(names); }) {
   using Kind = InodeRef::Kind;
@@ -199,7 +201,7 @@ std::string Filesystem::stats_json() const {
       .fs = counters_,
       .fetcher = fetcher_.stats(),
       .cache = cache_.stats(),
-      .redis_connects = pool_.connects(),
+      .redis_connects = client_->connects(),
       .views = views_.stats(),
       .reads = reader_.stats(),
       .prefetch = engine_.stats(),
@@ -208,7 +210,7 @@ std::string Filesystem::stats_json() const {
       .watch = watch,
       .watch_options = watcher_.options(),
       .started = started_,
-      .redis_endpoint = pool_.endpoint().describe(),
+      .redis_endpoint = client_->describe(),
       .ns = options_.ns,
   });
 }

@@ -24,7 +24,7 @@
 #include "prefetch/file_reader.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
-#include "src/store/pool.h"
+#include "src/store/client.h"
 
 struct fuse_lowlevel_ops;
 struct fuse_session;
@@ -52,6 +52,8 @@ struct FilesystemOptions {
   std::chrono::milliseconds timeout{30000};  // a read's retry budget while Redis is away
   bool verify = false;                       // check every file's checksum on fetch
   size_t connections = kDefaultConnections;
+  // Which copies of a cluster's objects reads may use (--read-from).
+  store::ReadFrom read_from = store::ReadFrom::kPrimary;
   view::BackendKind view_backend = view::BackendKind::kAuto;  // renders MOUNT/.views files
   uint64_t view_cache_bytes = kDefaultViewCacheBytes;
   // Threads rendering predicted view files ahead (needs prefetching); 0: render only when read.
@@ -69,6 +71,11 @@ struct FilesystemOptions {
   GenerationLeases* leases = nullptr;
 };
 
+// The client options a mount's reads use: a pool of options.connections per node, connect and
+// I/O timeouts that break a stalled server's connection well within options.timeout (the
+// retry budget), options.read_from.
+store::ClientOptions client_options(const FilesystemOptions& options);
+
 // The FUSE request handlers (filesystem.cpp) are thin glue: they decode an inode, ask the Node
 // of its kind (fs/node.h, fs/nodes/) and turn the answer into a reply. This class owns the read
 // path and one instance of each node kind.
@@ -79,10 +86,10 @@ struct FilesystemOptions {
 // no_opendir_ are written once by init, before any other request.
 class Filesystem {
  public:
-  // Connections are made on the first read, never here, so a Filesystem can be built before
-  // the mount daemonizes. Throws std::invalid_argument for datasets a mount cannot hold
-  // (MountTree).
-  Filesystem(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
+  // Opens no connection and starts no thread, so a Filesystem can be built before the mount
+  // daemonizes (connections the client already holds are the child's after the fork: the
+  // parent _exits). Throws std::invalid_argument for datasets a mount cannot hold (MountTree).
+  Filesystem(std::shared_ptr<store::Client> client, std::vector<prefetch::DatasetSnapshot> datasets,
              FilesystemOptions options);
   ~Filesystem();
   Filesystem(const Filesystem&) = delete;
@@ -129,7 +136,7 @@ class Filesystem {
 
   FilesystemOptions options_;
   MountTree tree_;
-  store::ConnectionPool pool_;
+  std::shared_ptr<store::Client> client_;
   prefetch::ObjectCache cache_;
   prefetch::ObjectFetcher fetcher_;
   prefetch::FileReader reader_;

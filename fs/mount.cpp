@@ -22,10 +22,8 @@
 
 #include "src/catalog/dataset.h"
 #include "src/catalog/names.h"
-#include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
-#include "src/store/pool.h"
 
 namespace dsfs::fs {
 namespace {
@@ -123,10 +121,6 @@ std::filesystem::path check_mountpoint(const std::filesystem::path& path) {
 
 namespace {
 
-// Short timeouts: a stalled Redis must not hold up an unmount long, and a refresh that fails is
-// simply retried.
-const store::ConnectOptions kLeaseConnect{.connect_timeout = std::chrono::milliseconds{1000},
-                                          .io_timeout = std::chrono::milliseconds{3000}};
 // After a failed refresh, retry after this, doubling up to the normal interval.
 constexpr std::chrono::milliseconds kLeaseFirstRetry{1000};
 
@@ -136,12 +130,9 @@ double seconds(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-GenerationLeases::GenerationLeases(store::RedisEndpoint endpoint, catalog::KeySchema keys,
+GenerationLeases::GenerationLeases(store::Client& client, catalog::KeySchema keys,
                                    std::chrono::milliseconds ttl)
-    : endpoint_(std::move(endpoint)),
-      keys_(std::move(keys)),
-      ttl_(ttl),
-      reader_id_(catalog::make_reader_id()) {
+    : client_(client), keys_(std::move(keys)), ttl_(ttl), reader_id_(catalog::make_reader_id()) {
   if (ttl_.count() <= 0) {
     throw std::invalid_argument(
         fmt::format("the lease ttl must be positive, not {} ms", ttl_.count()));
@@ -152,9 +143,9 @@ GenerationLeases::~GenerationLeases() {
   release();
 }
 
-catalog::DatasetInfo GenerationLeases::pin_current(store::Connection& conn,
-                                                   const std::string& name) {
-  catalog::DatasetInfo info = catalog::pin_current_generation(conn, keys_, name, reader_id_, ttl_);
+catalog::DatasetInfo GenerationLeases::pin_current(const std::string& name) {
+  catalog::DatasetInfo info =
+      catalog::pin_current_generation(client_, keys_, name, reader_id_, ttl_);
   MutexLock lock(mutex_);
   leases_.push_back(Lease{.name = name, .generation = info.generation});
   spdlog::debug("dataset '{}': pinned generation {} as reader {} for {} s", name, info.generation,
@@ -162,7 +153,7 @@ catalog::DatasetInfo GenerationLeases::pin_current(store::Connection& conn,
   return info;
 }
 
-void GenerationLeases::unpin(store::Connection& conn, const std::string& name) {
+void GenerationLeases::unpin(const std::string& name) {
   std::optional<Lease> lease;
   {
     MutexLock lock(mutex_);
@@ -172,13 +163,12 @@ void GenerationLeases::unpin(store::Connection& conn, const std::string& name) {
     lease = *it;
     leases_.erase(it);
   }
-  catalog::unpin_generation(conn, keys_, lease->name, reader_id_, lease->generation);
+  catalog::unpin_generation(client_, keys_, lease->name, reader_id_, lease->generation);
 }
 
-void GenerationLeases::unpin(store::Connection& conn, const std::string& name,
-                             uint64_t generation) {
+void GenerationLeases::unpin(const std::string& name, uint64_t generation) {
   forget(name, generation);
-  catalog::unpin_generation(conn, keys_, name, reader_id_, generation);
+  catalog::unpin_generation(client_, keys_, name, reader_id_, generation);
 }
 
 void GenerationLeases::forget(const std::string& name, uint64_t generation) {
@@ -204,14 +194,6 @@ uint64_t GenerationLeases::refreshes() const {
   return refreshes_;
 }
 
-store::Connection& GenerationLeases::connection() {
-  if (!conn_ || conn_->broken()) {
-    conn_.reset();
-    conn_.emplace(endpoint_, kLeaseConnect);
-  }
-  return *conn_;
-}
-
 void GenerationLeases::refresh_all() {
   std::vector<Lease> leases;
   {
@@ -219,14 +201,14 @@ void GenerationLeases::refresh_all() {
     leases = leases_;
   }
   for (const Lease& lease : leases) {
-    store::Connection& conn = connection();
-    if (!catalog::pin_generation(conn, keys_, lease.name, reader_id_, lease.generation, ttl_)) {
+    if (!catalog::pin_generation(client_, keys_, lease.name, reader_id_, lease.generation, ttl_)) {
       continue;  // renewed in time
     }
     // The lease was gone: it lapsed (Redis unreachable, or this process stopped, for longer
     // than the ttl) and GC dropped it, or the dataset was removed. The generation may be gone.
     const bool exists =
-        conn.command({"SISMEMBER", keys_.generations(lease.name), std::to_string(lease.generation)})
+        client_
+            .command({"SISMEMBER", keys_.generations(lease.name), std::to_string(lease.generation)})
             .expect_ok("SISMEMBER gens")
             .integer() > 0;
     if (exists) {
@@ -236,7 +218,7 @@ void GenerationLeases::refresh_all() {
           lease.name, lease.generation, seconds(ttl_));
       continue;
     }
-    catalog::unpin_generation(conn, keys_, lease.name, reader_id_, lease.generation);
+    catalog::unpin_generation(client_, keys_, lease.name, reader_id_, lease.generation);
     {
       MutexLock lock(mutex_);
       std::erase_if(leases_, [&](const Lease& l) {
@@ -272,7 +254,6 @@ void GenerationLeases::refresh_loop(std::stop_token stop) {
     } catch (const std::exception& e) {
       // Never fatal: the mount keeps serving from its snapshot, and the leases stay valid for
       // up to ttl after the last refresh that worked.
-      conn_.reset();
       wait = std::min(interval, kLeaseFirstRetry * (1u << std::min(failures, 10u)));
       ++failures;
       {
@@ -300,7 +281,7 @@ void GenerationLeases::release() {
   size_t released = 0;
   for (const Lease& lease : leases) {
     try {
-      catalog::unpin_generation(connection(), keys_, lease.name, reader_id_, lease.generation);
+      catalog::unpin_generation(client_, keys_, lease.name, reader_id_, lease.generation);
       ++released;
     } catch (const store::ConnectionError& e) {
       // Redis is away: the others would fail the same way, each after a timeout.
@@ -317,27 +298,14 @@ void GenerationLeases::release() {
     }
   }
   if (released > 0) spdlog::debug("released {} lease(s) of reader {}", released, reader_id_);
-  conn_.reset();
 }
 
 // ---- loading ----------------------------------------------------------------------------------
 
-std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
+std::vector<prefetch::DatasetSnapshot> load_datasets(store::Client& client,
                                                      const catalog::KeySchema& keys,
                                                      const std::vector<std::string>& names,
-                                                     std::chrono::milliseconds connect_wait,
                                                      GenerationLeases* leases) {
-  const store::ConnectOptions connect{.connect_timeout = std::chrono::milliseconds{2000},
-                                      .io_timeout = std::chrono::milliseconds{30000}};
-  std::optional<store::Connection> conn;
-  try {
-    store::with_retry(connect_wait, [&] { conn.emplace(endpoint, connect); });
-  } catch (const store::ConnectionError& e) {
-    throw store::ConnectionError(fmt::format("gave up reaching Redis at {} after {} s: {}",
-                                             endpoint.describe(), connect_wait.count() / 1000,
-                                             e.what()));
-  }
-
   std::vector<std::string> wanted;
   const bool explicit_names = !names.empty();
   if (explicit_names) {
@@ -347,7 +315,7 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
       if (seen.insert(name).second) wanted.push_back(name);
     }
   } else {
-    wanted = catalog::list_datasets(*conn, keys);
+    wanted = catalog::list_datasets(client, keys);
     std::sort(wanted.begin(), wanted.end());
   }
 
@@ -367,9 +335,8 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
     const auto started = std::chrono::steady_clock::now();
     try {
       // Pinned before loading: from here on no re-ingest's GC can delete what the mount serves.
-      snapshot.info =
-          leases ? leases->pin_current(*conn, name) : catalog::read_info(*conn, keys, name);
-      snapshot.catalog = catalog::load_catalog(*conn, keys, snapshot.info);
+      snapshot.info = leases ? leases->pin_current(name) : catalog::read_info(client, keys, name);
+      snapshot.catalog = catalog::load_catalog(client, keys, snapshot.info);
     } catch (const store::ConnectionError&) {
       throw;
     } catch (const std::runtime_error& e) {
@@ -380,7 +347,7 @@ std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint&
       if (explicit_names) throw;
       spdlog::warn("dataset '{}' skipped: {}", name, store::log_text(e.what(), 400));
       try {
-        if (leases) leases->unpin(*conn, name);
+        if (leases) leases->unpin(name);
       } catch (const store::ReplyError& unpin_error) {
         spdlog::warn("dataset '{}': cannot drop this mount's lease ({}); it expires by itself",
                      name, store::log_text(unpin_error.what()));
@@ -493,9 +460,9 @@ void set_readahead(dev_t device, uint64_t bytes) {
 
 // ---- Mount ------------------------------------------------------------------------------------
 
-Mount::Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
+Mount::Mount(std::shared_ptr<store::Client> client, std::vector<prefetch::DatasetSnapshot> datasets,
              MountOptions options)
-    : filesystem_(std::make_unique<Filesystem>(std::move(endpoint), std::move(datasets),
+    : filesystem_(std::make_unique<Filesystem>(std::move(client), std::move(datasets),
                                                std::move(options.filesystem))) {
   filesystem_->start_views();
   filesystem_->start_prefetch();

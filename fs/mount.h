@@ -18,8 +18,7 @@
 #include "fs/filesystem.h"
 #include "prefetch/dataset_snapshot.h"
 #include "src/catalog/keys.h"
-#include "src/store/connection.h"
-#include "src/store/redis_url.h"
+#include "src/store/client.h"
 #include "src/store/thread_annotations.h"
 
 struct fuse_session;
@@ -58,9 +57,11 @@ inline constexpr std::chrono::milliseconds kDefaultLeaseTtl{60000};
 // before loading it; start_refreshing() renews every lease every ttl/3 from a background thread
 // (a failure, e.g. Redis down, is logged and retried, never fatal); release() or the destructor
 // unpins them. A mount that dies without releasing stops renewing and its leases expire.
+// Everything goes through `client` (the mount's), which must outlive this object: a refresh or
+// a release that cannot reach Redis fails after the client's retry budget.
 class GenerationLeases {
  public:
-  GenerationLeases(store::RedisEndpoint endpoint, catalog::KeySchema keys,
+  GenerationLeases(store::Client& client, catalog::KeySchema keys,
                    std::chrono::milliseconds ttl = kDefaultLeaseTtl);
   ~GenerationLeases();  // release()
   GenerationLeases(const GenerationLeases&) = delete;
@@ -68,14 +69,14 @@ class GenerationLeases {
 
   // Pins the current generation of `name` (catalog::pin_current_generation) and returns its
   // info; the lease is then renewed and released by this object.
-  catalog::DatasetInfo pin_current(store::Connection& conn, const std::string& name);
+  catalog::DatasetInfo pin_current(const std::string& name);
   // Unpins the lease pin_current took on `name` (a dataset the mount then failed to load), so
   // nothing keeps it pinned; a no-op for a name not pinned. Throws store errors.
-  void unpin(store::Connection& conn, const std::string& name);
+  void unpin(const std::string& name);
   // Unpins the lease on generation `generation` of `name` (a generation the mount stopped
   // serving); a no-op if there is none. Throws store errors (the lease then is no longer
   // renewed and expires by itself).
-  void unpin(store::Connection& conn, const std::string& name, uint64_t generation);
+  void unpin(const std::string& name, uint64_t generation);
   // Stops renewing that lease without telling Redis (it expires after the ttl).
   void forget(const std::string& name, uint64_t generation);
   // Starts renewing. Call once this process will not fork any more: threads do not survive it.
@@ -96,11 +97,10 @@ class GenerationLeases {
     uint64_t generation = 0;
   };
   void refresh_loop(std::stop_token stop);
-  // Renews every lease once on conn_; throws if Redis cannot be reached.
+  // Renews every lease once; throws if Redis cannot be reached.
   void refresh_all();
-  store::Connection& connection();
 
-  store::RedisEndpoint endpoint_;
+  store::Client& client_;
   catalog::KeySchema keys_;
   std::chrono::milliseconds ttl_;
   std::string reader_id_;
@@ -109,22 +109,20 @@ class GenerationLeases {
   std::vector<Lease> leases_ DSFS_GUARDED_BY(mutex_);
   uint64_t refreshes_ DSFS_GUARDED_BY(mutex_) = 0;
   uint64_t refresh_failures_ DSFS_GUARDED_BY(mutex_) = 0;
-  std::optional<store::Connection> conn_;  // the refresher's, then release()'s
   std::jthread refresher_;
   bool released_ DSFS_GUARDED_BY(mutex_) = false;
 };
 
 // Loads the current generation of each named dataset (every published one when `names` is
-// empty), retrying for up to `connect_wait` while Redis cannot be reached. With `leases`, each
-// generation is pinned before its catalogue is loaded, so no garbage collection can delete it
-// while the mount lives. Throws store::ConnectionError (naming the endpoint),
+// empty) through `client`, which retries within its budget while Redis cannot be reached. With
+// `leases`, each generation is pinned before its catalogue is loaded, so no garbage collection
+// can delete it while the mount lives. Throws store::ConnectionError (naming the node),
 // catalog::DatasetNotFound, or std::runtime_error (a dataset name the mount cannot show). Of all
 // datasets (`names` empty), a damaged one (catalog::DatasetDamaged, catalog::ManifestError) or one
 // of a newer schema is skipped with a warning naming it and the reason; a named one throws.
-std::vector<prefetch::DatasetSnapshot> load_datasets(const store::RedisEndpoint& endpoint,
+std::vector<prefetch::DatasetSnapshot> load_datasets(store::Client& client,
                                                      const catalog::KeySchema& keys,
                                                      const std::vector<std::string>& names,
-                                                     std::chrono::milliseconds connect_wait,
                                                      GenerationLeases* leases = nullptr);
 
 // Readahead a mount asks for: files up to this size arrive in one READ (the FUSE maximum).
@@ -179,7 +177,7 @@ struct MountOptions {
 // destructor unmounts and waits for the serving threads to finish.
 class Mount {
  public:
-  Mount(store::RedisEndpoint endpoint, std::vector<prefetch::DatasetSnapshot> datasets,
+  Mount(std::shared_ptr<store::Client> client, std::vector<prefetch::DatasetSnapshot> datasets,
         MountOptions options);
   ~Mount();
   Mount(const Mount&) = delete;

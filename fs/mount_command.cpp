@@ -44,7 +44,6 @@ extern char** environ;
 namespace dsfs::fs {
 namespace {
 
-constexpr std::chrono::milliseconds kRedisWait{10000};
 // How long `dsfs mount` waits for its daemon to answer a first request.
 constexpr std::chrono::milliseconds kReadyWait{30000};
 
@@ -60,6 +59,7 @@ struct MountArgs {
   bool verify = false;
   unsigned threads = kDefaultThreads;
   unsigned connections = kDefaultConnections;
+  std::string read_from = "primary";
   uint64_t readahead_bytes = kDefaultReadahead;
   std::string view_backend = "auto";
   std::string prefetch = "auto";
@@ -225,20 +225,37 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   if (args.timeout_s <= 0) throw std::invalid_argument("--timeout must be positive");
   if (args.lease_ttl_s < 1) throw std::invalid_argument("--lease-ttl must be at least 1s");
   if (args.watch_interval_s < 0) throw std::invalid_argument("--watch-interval cannot be negative");
-  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
+  FilesystemOptions fs_options;
+  fs_options.timeout = timeout;
+  fs_options.connections = args.connections;
+  fs_options.read_from = store::parse_read_from(args.read_from);
+  // One client for the whole mount: catalogue loads, leases, the watcher, reads and prefetch.
+  std::shared_ptr<store::Client> client = cli::make_client(global, client_options(fs_options));
+  if (client->is_cluster()) {
+    spdlog::info("Redis at {} is a cluster of {} nodes; reads from {}", client->describe(),
+                 client->nodes().size(), store::to_string(fs_options.read_from));
+  }
 
   // Pins every generation the mount serves so re-ingests cannot collect it; released at the
-  // end of a clean unmount, expired after the ttl if this process dies.
-  GenerationLeases leases(endpoint, keys,
+  // end of a clean unmount, expired after the ttl if this process dies. A client of its own
+  // with short timeouts: a stalled Redis must not hold up an unmount long, and a refresh that
+  // fails is simply retried later.
+  std::shared_ptr<store::Client> lease_client = cli::make_client(
+      global, store::ClientOptions{.connect = {.connect_timeout = std::chrono::milliseconds{1000},
+                                               .io_timeout = std::chrono::milliseconds{3000}},
+                                   .connections_per_node = 2,
+                                   .retry_budget = std::chrono::milliseconds{3000}});
+  GenerationLeases leases(*lease_client, keys,
                           std::chrono::milliseconds(static_cast<int64_t>(args.lease_ttl_s * 1000)));
   std::vector<prefetch::DatasetSnapshot> datasets =
-      load_datasets(endpoint, keys, args.datasets, kRedisWait, &leases);
+      load_datasets(*client, keys, args.datasets, &leases);
   if (datasets.empty()) {
     spdlog::warn(
         "no dataset is published in namespace '{}' on {}; the mount shows only .meta "
         "and .dsfs (ingest one with `dsfs ingest`)",
-        global.ns, endpoint.describe());
+        global.ns, client->describe());
   }
 
   DaemonLock lock(mountpoint);
@@ -249,12 +266,9 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     log_to_file(log_file, global.log_level);
   }
 
-  FilesystemOptions fs_options;
   fs_options.ns = global.ns;
   fs_options.cache_bytes = args.cache_bytes;
-  fs_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   fs_options.verify = args.verify;
-  fs_options.connections = args.connections;
   fs_options.view_backend = view::parse_backend_kind(args.view_backend);
   fs_options.view_cache_bytes = args.view_cache_bytes;
   fs_options.view_render_ahead_threads = render_ahead_threads(args.view_render_ahead);
@@ -268,13 +282,13 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
       .follow_updates = args.follow_updates};
   fs_options.leases = &leases;
   const size_t dataset_count = datasets.size();
-  Filesystem filesystem(endpoint, std::move(datasets), fs_options);
+  Filesystem filesystem(client, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
                                              .fuse_options = args.fuse_options,
                                              .threads = args.threads,
                                              .debug = args.debug_fuse});
   spdlog::info("mounted {} dataset(s) from {} (namespace '{}') on {}; cache {} MiB, timeout {} s{}",
-               dataset_count, endpoint.describe(), global.ns, mountpoint.string(),
+               dataset_count, client->describe(), global.ns, mountpoint.string(),
                args.cache_bytes >> 20, args.timeout_s, args.verify ? ", verifying checksums" : "");
 
   int ready_fd = -1;
@@ -553,6 +567,16 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "Redis connections that prefetch (each a sliding window of pipelined GETs); "
                    "reads that miss use up to as many more")
       ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  mount
+      ->add_option("--read-from", mount_args->read_from,
+                   "On a Redis Cluster, which copies reads of objects may use: primary, replica "
+                   "(spread over the replicas; primaries keep serving writes and metadata), or "
+                   "any (primaries and replicas in turn). Objects never change once published, "
+                   "so every copy is right; a replica that has not yet received a new object "
+                   "answers nil and the read asks the primary. Replica reads also go on while a "
+                   "primary is down. No effect on a single server")
+      ->check(CLI::IsMember({"primary", "replica", "any"}))
       ->capture_default_str();
   mount
       ->add_option("--max-inflight", mount_args->max_inflight,

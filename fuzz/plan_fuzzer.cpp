@@ -38,14 +38,14 @@ struct Fixture {
     tree = std::make_unique<fs::MountTree>(std::move(datasets));
     // Never started and never connected: the plan file only parses and resolves.
     engine = std::make_unique<prefetch::PrefetchEngine>(
-        cache, fetcher, tree->table(), endpoint, false,
+        cache, fetcher, tree->table(), client, false,
         prefetch::EngineOptions{.mode = prefetch::PrefetchMode::kPlan, .connections = 1});
     plan = std::make_unique<fs::PlanFile>(*tree, *engine);
   }
   store::RedisEndpoint endpoint = store::parse_redis_url("unix:///nonexistent/dsfs-fuzz.sock");
   std::vector<prefetch::DatasetSnapshot> datasets;
-  store::ConnectionPool pool{endpoint, 1};
-  prefetch::ObjectFetcher fetcher{pool, catalog::KeySchema("dsfs"), prefetch::FetcherOptions{}};
+  store::Client client{{endpoint}, store::ClientOptions{.connections_per_node = 1}};
+  prefetch::ObjectFetcher fetcher{client, catalog::KeySchema("dsfs"), prefetch::FetcherOptions{}};
   prefetch::ObjectCache cache{1 << 20};
   std::unique_ptr<fs::MountTree> tree;
   std::unique_ptr<prefetch::PrefetchEngine> engine;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
@@ -146,12 +147,12 @@ uint64_t mean_file_bytes(const DatasetTable& datasets, std::span<const uint32_t>
 }  // namespace
 
 PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
-                               const DatasetTable& datasets, store::RedisEndpoint endpoint,
-                               bool verify, EngineOptions options)
+                               const DatasetTable& datasets, store::Client& client, bool verify,
+                               EngineOptions options)
     : cache_(cache),
       fetcher_(fetcher),
       datasets_(datasets),
-      endpoint_(std::move(endpoint)),
+      client_(client),
       verify_(verify),
       options_(options),
       // A file larger than an eighth of the cache would push out too much that is needed sooner.
@@ -197,7 +198,7 @@ void PrefetchEngine::stop() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     // A worker may be waiting for a reply from a stalled Redis for up to the I/O timeout.
-    for (store::Connection* c : connections_) c->interrupt();
+    for (store::GetRouter* r : routers_) r->interrupt();
   }
   work_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -346,22 +347,23 @@ void PrefetchEngine::abandon(const Fetch& fetch, const std::string& why) {
 }
 
 void PrefetchEngine::fetch_loop(size_t worker) {
-  std::unique_ptr<store::Connection> connection;
-  std::unique_ptr<store::GetStream> stream;
-  std::deque<Fetch> outstanding;
+  // GETs go to each key's node; replies are taken as each node sends them, so a slow node does
+  // not hold back fetches from the others. Each fetch is found again by its tag.
+  std::unique_ptr<store::GetRouter> router;
+  std::unordered_map<uint64_t, Fetch> outstanding;
+  uint64_t next_tag = 0;
   auto backoff = 50ms;
-  const auto drop_connection = [&](const std::string& why) {
-    for (const Fetch& f : outstanding) abandon(f, why);
+  const auto drop_router = [&](const std::string& why) {
+    for (const auto& [tag, f] : outstanding) abandon(f, why);
     outstanding.clear();
-    stream.reset();
-    if (connection) {
+    if (router) {
       std::lock_guard lock(mutex_);
-      std::erase(connections_, connection.get());
+      std::erase(routers_, router.get());
     }
-    connection.reset();
+    router.reset();
   };
   while (!stopping_) {
-    // Each connection keeps its share of the in-flight budget.
+    // Each worker keeps its share of the in-flight budget.
     const size_t share = inflight_.max() / options_.connections + 1;
     try {
       if (outstanding.size() < share) {
@@ -371,34 +373,34 @@ void PrefetchEngine::fetch_loop(size_t worker) {
           source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
         }
         if (!batch.empty()) {
-          if (!stream) {
-            try {
-              connection = std::make_unique<store::Connection>(endpoint_, options_.connect);
-              {
-                std::lock_guard lock(mutex_);
-                connections_.push_back(connection.get());
-                if (stopping_) connection->interrupt();  // stop() ran while it connected
-              }
-              stream = std::make_unique<store::GetStream>(*connection);
-              backoff = 50ms;
-            } catch (const std::exception& e) {
-              for (const Fetch& f : batch) abandon(f, e.what());
-              spdlog::debug("prefetch connection {}: {}", worker, e.what());
-              std::unique_lock lock(mutex_);
-              work_.wait_for(lock, backoff, [&] { return stopping_.load(); });
-              backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
-              continue;
-            }
+          if (!router) {
+            router = std::make_unique<store::GetRouter>(client_);
+            std::lock_guard lock(mutex_);
+            routers_.push_back(router.get());
+            if (stopping_) router->interrupt();  // stop() ran meanwhile
           }
           std::vector<std::string> keys;
+          std::vector<uint64_t> tags;
           keys.reserve(batch.size());
+          tags.reserve(batch.size());
           const Clock::time_point now = Clock::now();
           for (Fetch& f : batch) {
             keys.push_back(f.redis_key);
+            tags.push_back(next_tag);
             f.sent = now;
-            outstanding.push_back(std::move(f));
+            outstanding.emplace(next_tag++, std::move(f));
           }
-          stream->send(keys);
+          try {
+            router->send(keys, tags);
+            backoff = 50ms;
+          } catch (const store::ConnectionError& e) {
+            spdlog::debug("prefetch worker {}: {}", worker, e.what());
+            drop_router(e.what());
+            std::unique_lock lock(mutex_);
+            work_.wait_for(lock, backoff, [&] { return stopping_.load(); });
+            backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
+            continue;
+          }
           gets_.fetch_add(keys.size(), std::memory_order_relaxed);
         }
       }
@@ -409,22 +411,23 @@ void PrefetchEngine::fetch_loop(size_t worker) {
         --idle_workers_;
         continue;
       }
-      store::ValueReply reply = stream->receive();
-      Fetch fetch = std::move(outstanding.front());
-      outstanding.pop_front();
+      store::GetRouter::Received received = router->receive();
+      const auto it = outstanding.find(received.tag);
+      Fetch fetch = std::move(it->second);
+      outstanding.erase(it);
       const Clock::time_point arrived = Clock::now();
       {
         std::lock_guard lock(mutex_);
         inflight_.on_rtt_sample(arrived - fetch.sent, arrived);
       }
-      finish(fetch, std::move(reply));
+      finish(fetch, std::move(received.reply));
     } catch (const std::exception& e) {
       // Redis went away or broke the stream: readers that joined these fetch for themselves.
-      spdlog::debug("prefetch connection {} failed: {}", worker, e.what());
-      drop_connection(e.what());
+      spdlog::debug("prefetch worker {} failed: {}", worker, e.what());
+      drop_router(e.what());
     }
   }
-  drop_connection("the mount is stopping");
+  drop_router("the mount is stopping");
 }
 
 void PrefetchEngine::plan_clear() {

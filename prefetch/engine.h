@@ -24,7 +24,7 @@
 #include "prefetch/object_fetcher.h"
 #include "prefetch/predictors.h"
 #include "prefetch/read_stats.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 
 namespace dsfs::prefetch {
 
@@ -44,7 +44,6 @@ struct EngineOptions {
   size_t max_inflight = 0;
   // Prefetching pauses when no file has been read for this long.
   std::chrono::milliseconds idle_pause{2000};
-  store::ConnectOptions connect;
   uint64_t seed = 0x5eed;
 };
 
@@ -121,7 +120,7 @@ class PrefetchEngine {
   // The table must outlive the engine; every dataset in it now is predicted for. Connections and
   // threads start with start().
   PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher, const DatasetTable& datasets,
-                 store::RedisEndpoint endpoint, bool verify, EngineOptions options);
+                 store::Client& client, bool verify, EngineOptions options);
   ~PrefetchEngine();
   PrefetchEngine(const PrefetchEngine&) = delete;
   PrefetchEngine& operator=(const PrefetchEngine&) = delete;
@@ -189,7 +188,7 @@ class PrefetchEngine {
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
   const DatasetTable& datasets_;
-  store::RedisEndpoint endpoint_;
+  store::Client& client_;
   const bool verify_;
   EngineOptions options_;
   uint64_t max_prefetch_file_bytes_;
@@ -215,7 +214,7 @@ class PrefetchEngine {
   std::atomic<uint64_t> gets_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<bool> stopping_{false};
-  std::vector<store::Connection*> connections_;  // the workers' own, for stop() to interrupt
+  std::vector<store::GetRouter*> routers_;  // the workers' own, for stop() to interrupt
   std::vector<std::thread> workers_;
 };
 

@@ -12,9 +12,8 @@
 
 namespace dsfs::prefetch {
 
-ObjectFetcher::ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema keys,
-                             FetcherOptions options)
-    : pool_(pool), keys_(std::move(keys)), options_(options) {}
+ObjectFetcher::ObjectFetcher(store::Client& client, catalog::KeySchema keys, FetcherOptions options)
+    : client_(client), keys_(std::move(keys)), options_(options) {}
 
 std::string ObjectFetcher::chunk_key(const DatasetSnapshot& dataset, uint32_t entry,
                                      uint32_t chunk) const {
@@ -33,13 +32,7 @@ uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t e
 }
 
 bool ObjectFetcher::answers_within(std::chrono::milliseconds limit) const {
-  try {
-    store::Connection probe(pool_.endpoint(),
-                            store::ConnectOptions{.connect_timeout = limit, .io_timeout = limit});
-    return !probe.command({"PING"}).is_error();
-  } catch (const std::exception&) {  // ConnectionError, or an AUTH refused at connect
-    return false;
-  }
+  return client_.answers_within(limit);
 }
 
 std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dataset,
@@ -49,7 +42,6 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
   keys.reserve(chunks.size());
   for (const uint32_t chunk : chunks) keys.push_back(chunk_key(dataset, entry, chunk));
 
-  unsigned attempts = 0;
   std::vector<store::ValueReply> replies;
   const bool was_down = redis_down_.load(std::memory_order_relaxed);
   const uint64_t file = uint64_t{dataset.index} << 32 | entry;
@@ -74,27 +66,20 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
     throw store::ConnectionError(fmt::format(
         "{}/{}: its read failed a moment ago and Redis at {} does not answer within {} ms",
-        dataset.name(), store::log_text(dataset.catalog->path(entry)), pool_.endpoint().describe(),
+        dataset.name(), store::log_text(dataset.catalog->path(entry)), client_.describe(),
         reissue_window.count()));
   }
   const bool try_once = was_down || failed_lately;
+  uint64_t retries = 0;
   try {
-    replies = store::with_retry(try_once ? std::chrono::milliseconds{0} : options_.timeout, [&] {
-      if (attempts++ > 0) stats_.retries.fetch_add(1, std::memory_order_relaxed);
-      store::ConnectionPool::Lease conn = pool_.acquire();
-      std::vector<store::ValueReply> got = conn->get_values(keys, options_.pipeline_window);
-      for (const store::ValueReply& reply : got) {
-        if (reply.kind == store::ValueReply::Kind::kError &&
-            store::is_transient_reply(reply.error)) {
-          throw store::ConnectionError(fmt::format("Redis at {} is not ready: {}",
-                                                   pool_.endpoint().describe(), reply.error));
-        }
-      }
-      stats_.round_trips.fetch_add(1, std::memory_order_relaxed);
-      stats_.gets.fetch_add(keys.size(), std::memory_order_relaxed);
-      return got;
-    });
+    replies =
+        client_.get_values(keys, options_.pipeline_window,
+                           try_once ? std::chrono::milliseconds{0} : options_.timeout, &retries);
+    stats_.retries.fetch_add(retries, std::memory_order_relaxed);
+    stats_.round_trips.fetch_add(1, std::memory_order_relaxed);
+    stats_.gets.fetch_add(keys.size(), std::memory_order_relaxed);
   } catch (const store::ConnectionError& e) {
+    stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
     {
       MutexLock lock(failed_mutex_);
@@ -119,7 +104,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
     throw;
   }
   if (redis_down_.exchange(false)) {
-    spdlog::info("Redis at {} answers again", pool_.endpoint().describe());
+    spdlog::info("Redis at {} answers again", client_.describe());
   }
   if (failed_lately) {
     MutexLock lock(failed_mutex_);

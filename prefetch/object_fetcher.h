@@ -15,7 +15,7 @@
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/object_data.h"
 #include "src/catalog/keys.h"
-#include "src/store/pool.h"
+#include "src/store/client.h"
 #include "src/store/thread_annotations.h"
 
 namespace dsfs::prefetch {
@@ -58,12 +58,12 @@ struct FetcherStats {
 };
 
 // Thread safety: internally synchronized; fetch_chunks and the verify functions are called
-// concurrently by FUSE workers and the engine. Connections come from the (synchronized) pool;
+// concurrently by FUSE workers and the engine. Connections come from the (synchronized) client;
 // stats_ and redis_down_ are atomics; failed_mutex_ guards recently_failed_. options_ and keys_
 // are immutable after construction.
 class ObjectFetcher {
  public:
-  ObjectFetcher(store::ConnectionPool& pool, catalog::KeySchema keys, FetcherOptions options);
+  ObjectFetcher(store::Client& client, catalog::KeySchema keys, FetcherOptions options);
 
   // GETs chunks `chunks` of file `entry` (pipelined on one connection) and returns them in
   // that order, each checked for its exact length. Throws IntegrityError, store::ReplyError, or
@@ -91,13 +91,13 @@ class ObjectFetcher {
   const FetcherStats& stats() const { return stats_; }
   bool redis_down() const { return redis_down_.load(std::memory_order_relaxed); }
   const FetcherOptions& options() const { return options_; }
-  store::ConnectionPool& pool() const { return pool_; }
+  store::Client& client() const { return client_; }
 
  private:
   // True if a fresh connection (not the pool's) connects and answers PING within `limit`.
   bool answers_within(std::chrono::milliseconds limit) const;
 
-  store::ConnectionPool& pool_;
+  store::Client& client_;
   catalog::KeySchema keys_;
   FetcherOptions options_;
   FetcherStats stats_;

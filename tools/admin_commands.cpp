@@ -11,7 +11,7 @@
 
 #include "src/catalog/dataset.h"
 #include "src/catalog/names.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 #include "src/store/errors.h"
 #include "tools/progress.h"
 
@@ -59,11 +59,10 @@ std::string format_time(int64_t unix_seconds) {
 
 void list_command(const cli::GlobalOptions& global, bool as_json) {
   cli::apply_log_level(global);
-  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
-  store::Connection conn(endpoint);
+  const std::shared_ptr<store::Client> client = cli::make_client(global);
   // A damaged dataset is shown as such, with its reason; it never hides the others.
-  const std::vector<catalog::DatasetStatus> statuses = catalog::list_dataset_status(conn, keys);
+  const std::vector<catalog::DatasetStatus> statuses = catalog::list_dataset_status(*client, keys);
   if (as_json) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& status : statuses) {
@@ -76,7 +75,7 @@ void list_command(const cli::GlobalOptions& global, bool as_json) {
   }
   if (statuses.empty()) {
     fmt::print(stderr, "no datasets in namespace '{}' on {}; add one with `dsfs ingest`\n",
-               keys.ns(), endpoint.describe());
+               keys.ns(), client->describe());
     return;
   }
   size_t name_width = 4;
@@ -101,10 +100,9 @@ void list_command(const cli::GlobalOptions& global, bool as_json) {
 void info_command(const cli::GlobalOptions& global, const std::string& name, bool as_json) {
   cli::apply_log_level(global);
   catalog::validate_dataset_name(name);
-  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
-  store::Connection conn(endpoint);
-  const catalog::DatasetInfo info = catalog::read_info(conn, keys, name);
+  const std::shared_ptr<store::Client> client = cli::make_client(global);
+  const catalog::DatasetInfo info = catalog::read_info(*client, keys, name);
   if (as_json) {
     fmt::print("{}\n", info_to_json(info).dump(2));
     return;
@@ -130,16 +128,15 @@ void rm_command(const cli::GlobalOptions& global, const std::string& name,
                 const std::string& progress_style, bool force) {
   cli::apply_log_level(global);
   catalog::validate_dataset_name(name);
-  const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
   const catalog::KeySchema keys(global.ns);
-  store::Connection conn(endpoint);
+  const std::shared_ptr<store::Client> client = cli::make_client(global);
   // A mounted dataset's reads would fail with EIO mid-training, and a dataset re-created under
   // the same name reuses its generation numbers, so the stale mount could even read the new
   // objects: refuse unless asked.
   std::vector<std::string> leases;
   if (!force) {
     try {
-      leases = catalog::live_leases(conn, keys, name);
+      leases = catalog::live_leases(*client, keys, name);
     } catch (const store::ReplyError& e) {
       throw std::runtime_error(fmt::format(
           "cannot read the leases of dataset '{}' ({}); it is damaged: pass --force to remove "
@@ -165,7 +162,7 @@ void rm_command(const cli::GlobalOptions& global, const std::string& name,
   progress_options.style = parse_progress_style(progress_style);
   Progress progress(fmt::format("rm {}", name), progress_options);
   uint64_t reported = 0;
-  const uint64_t deleted = catalog::remove_dataset(conn, keys, name, [&](uint64_t keys_deleted) {
+  const uint64_t deleted = catalog::remove_dataset(*client, keys, name, [&](uint64_t keys_deleted) {
     progress.add(keys_deleted - std::min(keys_deleted, reported), 0);
     reported = std::max(reported, keys_deleted);
   });

@@ -6,13 +6,14 @@
 #include <array>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <memory>
 #include <optional>
 
 #include "src/catalog/dataset.h"
 #include "src/catalog/names.h"
-#include "src/store/connection.h"
-#include "src/store/pool.h"
+#include "src/store/client.h"
+#include "src/store/errors.h"
 #include "tools/ingest_writer.h"
 #include "tools/sources.h"
 
@@ -26,14 +27,12 @@ constexpr std::chrono::milliseconds kPublishRetryBudget{15000};
 // publish got as far as making it current. Never throws; what it cannot delete the next
 // successful ingest's garbage collection removes (the generation stays in the gens set).
 // Returns the dataset's current generation as read now (0: none), or nullopt if unreadable.
-std::optional<uint64_t> discard_generation(const store::RedisEndpoint& endpoint,
-                                           const catalog::KeySchema& keys, const std::string& name,
-                                           uint64_t generation) {
+std::optional<uint64_t> discard_generation(store::Client& client, const catalog::KeySchema& keys,
+                                           const std::string& name, uint64_t generation) {
   std::optional<uint64_t> current;
   try {
-    store::Connection conn(endpoint);
     try {
-      current = catalog::read_info(conn, keys, name).generation;
+      current = catalog::read_info(client, keys, name).generation;
     } catch (const catalog::DatasetNotFound&) {
       current = 0;
     }
@@ -42,7 +41,7 @@ std::optional<uint64_t> discard_generation(const store::RedisEndpoint& endpoint,
                    name);
       return current;
     }
-    const uint64_t deleted = catalog::delete_generation(conn, keys, name, generation);
+    const uint64_t deleted = catalog::delete_generation(client, keys, name, generation);
     spdlog::info("removed {} keys of the unpublished generation {} of '{}'", deleted, generation,
                  name);
   } catch (const std::exception& e) {
@@ -67,22 +66,38 @@ std::string outcome(uint64_t generation, const std::optional<uint64_t>& previous
                      previous_generation == now ? "still " : "");
 }
 
-// Redis's run_id, new on every start of the server; "" when INFO is not allowed.
-std::string server_run_id(store::Connection& conn) {
-  const store::Reply reply = conn.command({"INFO", "server"});
-  if (!reply.is_string()) return {};
-  const std::string_view text = reply.str();
-  constexpr std::string_view kField = "run_id:";
-  const size_t at = text.find(kField);
-  if (at == std::string_view::npos) return {};
-  const size_t begin = at + kField.size();
-  const size_t end = text.find_first_of("\r\n", begin);
-  return std::string(text.substr(begin, end == std::string_view::npos ? end : end - begin));
+// Redis's run_id, new on every start of a server, of every primary ("host:port=RUN_ID,..."):
+// it changes when a server restarts or a replica takes over from its primary, the two ways
+// acknowledged writes get lost (writes not yet persisted, or not yet replicated). "" when INFO is
+// not allowed on some node.
+std::string primaries_run_ids(store::Client& client) {
+  // By node, so a pass that for_each_primary runs again after a failover overwrites, not adds.
+  std::map<std::string, std::string> run_ids;
+  client.for_each_primary([&](store::Connection& conn) {
+    const store::Reply reply = conn.command({"INFO", "server"});
+    std::string run_id;
+    if (reply.is_string()) {
+      const std::string_view text = reply.str();
+      constexpr std::string_view kField = "run_id:";
+      if (const size_t at = text.find(kField); at != std::string_view::npos) {
+        const size_t begin = at + kField.size();
+        const size_t end = text.find_first_of("\r\n", begin);
+        run_id = text.substr(begin, end == std::string_view::npos ? end : end - begin);
+      }
+    }
+    run_ids[conn.endpoint().describe()] = std::move(run_id);
+  });
+  std::string joined;
+  for (const auto& [node, run_id] : run_ids) {
+    if (run_id.empty()) return {};
+    joined += fmt::format("{}{}={}", joined.empty() ? "" : ",", node, run_id);
+  }
+  return joined;
 }
 
 // How many of the objects `catalog` needs are missing from generation `gen` (EXISTS, pipelined
 // in batches so the key list never grows with the dataset).
-uint64_t count_missing_objects(store::Connection& conn, const catalog::KeySchema& keys,
+uint64_t count_missing_objects(store::Client& client, const catalog::KeySchema& keys,
                                const std::string& name, uint64_t gen,
                                const catalog::Catalog& catalog) {
   constexpr size_t kBatch = 4096;
@@ -90,7 +105,7 @@ uint64_t count_missing_objects(store::Connection& conn, const catalog::KeySchema
   uint64_t missing = 0;
   std::vector<std::array<std::string, 2>> batch;
   auto flush = [&] {
-    store::pipeline(conn, batch, kWindow, [&](size_t, store::Reply& reply) {
+    client.pipeline(batch, kWindow, [&](size_t, store::Reply& reply) {
       if (reply.expect_ok("EXISTS").integer() == 0) ++missing;
     });
     batch.clear();
@@ -129,7 +144,7 @@ void validate_ingest_options(const IngestOptions& options) {
   }
 }
 
-IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
+IngestResult run_ingest(store::Client& client, const catalog::KeySchema& keys,
                         const IngestOptions& options) {
   validate_ingest_options(options);
   const auto start = std::chrono::steady_clock::now();
@@ -148,22 +163,17 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
   source_options.url_file_deadline = options.url_file_deadline;
   const auto source = open_source(options.source, source_options);
 
-  // The control connection idles while objects are written; if Redis dropped it meanwhile (a
-  // restart, a timeout), publish and collection reconnect instead of failing the ingest.
-  std::optional<store::Connection> control_connection;
-  auto control = [&]() -> store::Connection& {
-    if (!control_connection || control_connection->broken()) control_connection.emplace(endpoint);
-    return *control_connection;
-  };
+  // The client's pooled connections idle while objects are written; if Redis dropped them
+  // meanwhile (a restart, a timeout), publish and collection connect again.
   std::optional<uint64_t> previous_generation;
   try {
-    previous_generation = catalog::read_info(control(), keys, name).generation;
+    previous_generation = catalog::read_info(client, keys, name).generation;
   } catch (const catalog::DatasetNotFound&) {
   }
-  // The server that acknowledges our writes; if another one answers at publish time (a restart),
-  // acknowledged writes may have been lost with the old one.
-  std::string verified_run_id = server_run_id(control());
-  const uint64_t generation = catalog::begin_generation(control(), keys, name);
+  // The servers that acknowledge our writes; if others answer at publish time (a restart, a
+  // failover), acknowledged writes may have been lost with the old ones.
+  std::string verified_run_ids = primaries_run_ids(client);
+  const uint64_t generation = catalog::begin_generation(client, keys, name);
   spdlog::debug("ingesting {} '{}' into '{}' generation {}", to_string(source->kind()),
                 source->description(), name, generation);
 
@@ -178,7 +188,7 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
       writer_options.connections = options.jobs;
       writer_options.max_bytes_in_flight = options.max_bytes_in_flight;
       writer_options.on_piece_written = options.on_piece_written;
-      RedisPieceWriter writer(endpoint, keys, name, generation, std::move(writer_options),
+      RedisPieceWriter writer(client, keys, name, generation, std::move(writer_options),
                               options.stop, &progress);
       try {
         contents = source->read(writer);
@@ -210,26 +220,46 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
     info.created_unix = static_cast<int64_t>(std::time(nullptr));
     info.source = source->description();
     info.chunk_size = options.chunk_size;
-    // Publishing again after a broken connection is safe: the manifest SETs are idempotent and
-    // the flip of the same generation is a no-op.
-    store::with_retry(kPublishRetryBudget, [&] {
-      store::Connection& conn = control();
-      // A restarted Redis keeps only what it had persisted (appendfsync everysec: all but the
-      // last second or so), so check every object before making the generation current. The
-      // flip runs on this same connection, hence on the server just checked.
-      const std::string run_id = server_run_id(conn);
-      if (run_id.empty() || run_id != verified_run_id) {
-        const uint64_t missing = count_missing_objects(conn, keys, name, generation, catalog);
-        if (missing > 0) {
-          throw std::runtime_error(fmt::format(
-              "Redis at {} restarted during the ingest and lost {} object key(s) it had "
-              "acknowledged (writes not yet persisted when it stopped); ingest again",
-              endpoint.describe(), missing));
-        }
-        verified_run_id = run_id;
+    // A restarted Redis keeps only what it had persisted (appendfsync everysec: all but the
+    // last second or so), and a replica that takes over may lack the last writes its primary
+    // acknowledged: when the primaries are not those that took the writes, check every object
+    // before making the generation current (and again after, for a restart in between).
+    const auto check_nothing_lost = [&](bool published) {
+      const std::string run_ids = primaries_run_ids(client);
+      if (!run_ids.empty() && run_ids == verified_run_ids) return;
+      if (published && run_ids.empty()) return;  // INFO not allowed: checked just before
+      const uint64_t missing = count_missing_objects(client, keys, name, generation, catalog);
+      if (missing > 0) {
+        throw std::runtime_error(fmt::format(
+            "Redis at {} restarted during the ingest and lost {} object key(s) it had "
+            "acknowledged (writes not yet persisted when it stopped, or not yet replicated when "
+            "a replica took over); ingest again",
+            client.describe(), missing));
       }
-      catalog::publish(conn, keys, info, catalog);
-    });
+      verified_run_ids = run_ids;
+    };
+    // Publishing again after a broken connection is safe: the manifest SETs are idempotent and
+    // the flip of the same generation is a no-op. The client retries single commands itself;
+    // this loop covers the flip, which runs on one connection that must not change under it.
+    store::Backoff publish_backoff(kPublishRetryBudget);
+    for (;;) {
+      try {
+        check_nothing_lost(false);
+        catalog::publish(client, keys, info, catalog);
+        break;
+      } catch (const store::ConnectionError& e) {
+        if (!publish_backoff.wait()) throw;
+        spdlog::debug("publish of '{}' failed ({}); trying again", name, e.what());
+      }
+    }
+    try {
+      check_nothing_lost(true);
+    } catch (const store::ConnectionError& e) {
+      spdlog::warn(
+          "published '{}' generation {}, but could not check afterwards that Redis kept every "
+          "object ({}); `dsfs info {}` and a read of the mount show whether it did",
+          name, generation, e.what(), name);
+    }
 
     result.files = info.file_count;
     result.directories = info.dir_count;
@@ -238,21 +268,20 @@ IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::Key
     result.skipped = contents.skipped;
   } catch (const IngestInterrupted&) {
     progress.stop();
-    const auto current = discard_generation(endpoint, keys, name, generation);
+    const auto current = discard_generation(client, keys, name, generation);
     throw IngestInterrupted(fmt::format("ingest of '{}' interrupted; {}", name,
                                         outcome(generation, previous_generation, current)));
   } catch (const std::exception& e) {
     progress.stop();
-    const auto current = discard_generation(endpoint, keys, name, generation);
+    const auto current = discard_generation(client, keys, name, generation);
     throw std::runtime_error(fmt::format("ingest of '{}' failed: {}; {}", name, e.what(),
                                          outcome(generation, previous_generation, current)));
   }
   progress.stop();
 
   try {
-    result.garbage_keys_deleted = store::with_retry(kPublishRetryBudget, [&] {
-      return catalog::collect_garbage(control(), keys, name, options.keep_generations);
-    });
+    result.garbage_keys_deleted =
+        catalog::collect_garbage(client, keys, name, options.keep_generations);
   } catch (const std::exception& e) {
     spdlog::warn(
         "published '{}' generation {}, but removing old generations failed ({}); the "

@@ -12,7 +12,7 @@
 
 #include "src/catalog/catalog.h"
 #include "src/catalog/keys.h"
-#include "src/store/redis_url.h"
+#include "src/store/client.h"
 #include "tools/ingest_catalog.h"
 #include "tools/progress.h"
 
@@ -29,7 +29,8 @@ struct IngestOptions {
   std::chrono::milliseconds url_stall_timeout{30000};
   uint64_t url_min_bytes_per_second = 1024;
   std::chrono::milliseconds url_file_deadline{30 * 60 * 1000};
-  unsigned jobs = 4;  // Redis connections; also reader threads / concurrent downloads
+  unsigned jobs = 4;  // writer threads (each with a connection per node); also reader threads /
+                      // concurrent downloads
   uint64_t chunk_size = catalog::kDefaultChunkSize;
   catalog::ChecksumKind checksum = catalog::ChecksumKind::kXxh64;
   unsigned keep_generations = 1;  // previous generations kept for mounted readers
@@ -64,10 +65,11 @@ inline constexpr uint64_t kMaxChunkSize = 512ull << 20;
 // Checks the options that need no I/O; throws std::invalid_argument naming the bad one.
 void validate_ingest_options(const IngestOptions& options);
 
-// Runs the ingest. Throws IngestInterrupted, or std::runtime_error (and subclasses such as
-// store::ConnectionError) whose message says what failed, that nothing was published, and what
-// to do. The previous generation, if any, stays current on every failure.
-IngestResult run_ingest(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
+// Runs the ingest through `client` (a single server or a Redis Cluster). Throws
+// IngestInterrupted, or std::runtime_error (and subclasses such as store::ConnectionError) whose
+// message says what failed, that nothing was published, and what to do. The previous
+// generation, if any, stays current on every failure.
+IngestResult run_ingest(store::Client& client, const catalog::KeySchema& keys,
                         const IngestOptions& options);
 
 // "ingested 'x': 1,000 files, 110.2 MB in 3.2 s (34.4 MB/s), generation 3".

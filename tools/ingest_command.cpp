@@ -84,7 +84,8 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
                   "JSONL file: one object per line with a \"path\" member; its other members "
                   "become that file's metadata");
   sub->add_option("--jobs,-j", state->options.jobs,
-                  "Redis connections, reader threads and concurrent downloads")
+                  "Writer threads (each with a Redis connection per node), reader threads and "
+                  "concurrent downloads")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub->add_option("--chunk-size", state->options.chunk_size,
@@ -124,12 +125,12 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
     // Fail on a bad name or option before starting any server.
     validate_ingest_options(options);
 
-    const store::RedisEndpoint endpoint = cli::resolve_endpoint(global);
     const catalog::KeySchema keys(global.ns);
+    const std::shared_ptr<store::Client> client = cli::make_client(global);
     StopSignalGuard signals;
     options.stop = &StopSignalGuard::stopped();
     try {
-      const IngestResult result = run_ingest(endpoint, keys, options);
+      const IngestResult result = run_ingest(*client, keys, options);
       fmt::print("{}\n", format_ingest_summary(options.dataset, result));
     } catch (const IngestInterrupted& e) {
       fmt::print(stderr, "dsfs: {}\n", e.what());

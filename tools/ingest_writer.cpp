@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
+#include <string_view>
 
 #include "src/store/errors.h"
 #include "tools/progress.h"
@@ -12,7 +14,6 @@
 namespace dsfs::tools {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr auto kStopPollInterval = std::chrono::milliseconds(100);
 
 // What to do about an error reply to a SET, by its error code.
@@ -34,11 +35,10 @@ std::string_view hint_for(std::string_view error_reply) {
 
 }  // namespace
 
-RedisPieceWriter::RedisPieceWriter(const store::RedisEndpoint& endpoint,
-                                   const catalog::KeySchema& keys, std::string dataset,
-                                   uint64_t generation, WriterOptions options,
+RedisPieceWriter::RedisPieceWriter(store::Client& client, const catalog::KeySchema& keys,
+                                   std::string dataset, uint64_t generation, WriterOptions options,
                                    const std::atomic<bool>* external_stop, Progress* progress)
-    : endpoint_(endpoint),
+    : client_(client),
       keys_(keys),
       dataset_(std::move(dataset)),
       generation_(generation),
@@ -47,15 +47,10 @@ RedisPieceWriter::RedisPieceWriter(const store::RedisEndpoint& endpoint,
       progress_(progress) {
   options_.connections = std::max(options_.connections, 1u);
   options_.window_pieces = std::max<size_t>(options_.window_pieces, 1);
-  std::vector<store::Connection> connections;
-  connections.reserve(options_.connections);
-  for (unsigned i = 0; i < options_.connections; ++i) {
-    connections.emplace_back(endpoint_);
-  }
-  workers_.reserve(connections.size());
+  workers_.reserve(options_.connections);
   try {
-    for (auto& connection : connections) {
-      workers_.emplace_back([this, c = std::move(connection)]() mutable { worker(std::move(c)); });
+    for (unsigned i = 0; i < options_.connections; ++i) {
+      workers_.emplace_back([this] { worker(); });
     }
   } catch (...) {
     abort();
@@ -120,70 +115,46 @@ void RedisPieceWriter::fail(std::exception_ptr error) {
   space_ready_.notify_all();
 }
 
-void RedisPieceWriter::worker(store::Connection connection) {
+void RedisPieceWriter::worker() {
   try {
-    std::optional<store::Connection> conn(std::move(connection));
+    store::RoutedPipeline pipeline(client_);
+    // Sent and not yet acknowledged, oldest first. The pipeline points into these pieces' key
+    // and bytes (to send a redirected SET again), so they stay here until their reply is read.
     std::deque<Piece> outstanding;
     uint64_t outstanding_bytes = 0;
-    std::optional<Clock::time_point> failing_since;
+    bool resend = false;  // the pipeline was reset: every outstanding piece goes out again
+    std::optional<store::Backoff> reconnecting;  // while Redis keeps failing: the budget left
 
     auto send = [&](const Piece& piece) {
-      conn->append(
-          {std::string_view("SET"), std::string_view(piece.key), std::string_view(piece.bytes)});
-    };
-    std::chrono::milliseconds backoff{50};
-    // Sleeps `backoff`, then tries once to connect again; false (and the backoff doubled, up to
-    // 1 s) while Redis stays away (within budget).
-    auto try_reconnect = [&](const std::string& cause) {
-      const auto deadline = Clock::now() + backoff;
-      while (Clock::now() < deadline) {
-        if (stop_requested()) return false;
-        std::this_thread::sleep_for(
-            std::min<Clock::duration>(kStopPollInterval, deadline - Clock::now()));
-      }
-      if (Clock::now() - *failing_since > options_.reconnect_budget) {
-        throw store::ConnectionError(fmt::format(
-            "lost the connection to Redis at {} while writing dataset '{}' and could not get it "
-            "back within {} s ({}); check that the server is up and reachable",
-            endpoint_.describe(), dataset_,
-            std::chrono::duration_cast<std::chrono::seconds>(options_.reconnect_budget).count(),
-            cause));
-      }
-      try {
-        conn.emplace(endpoint_);
-      } catch (const store::ConnectionError&) {
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-        return false;
-      }
-      for (const auto& piece : outstanding) send(piece);
-      return true;
+      const std::array<std::string_view, 3> argv = {"SET", piece.key, piece.bytes};
+      pipeline.append(argv);  // only buffers (connecting on a node's first use)
     };
 
     for (;;) {
-      if (!conn) {
-        if (stop_requested()) return;
-        if (!try_reconnect("reconnect failed")) continue;
-      }
-      while (outstanding.size() < options_.window_pieces &&
-             (outstanding.empty() || outstanding_bytes < options_.window_bytes)) {
-        Piece piece;
-        if (!pop(piece, outstanding.empty())) break;
-        send(piece);  // only buffers; I/O happens in read_reply
-        outstanding_bytes += piece.bytes.size();
-        outstanding.push_back(std::move(piece));
-      }
-      if (outstanding.empty() || stop_requested()) return;  // drained, or stopping
+      if (stop_requested()) return;
       try {
-        const store::Reply reply = conn->read_reply();
+        if (resend) {
+          for (const Piece& piece : outstanding) send(piece);
+          resend = false;
+        }
+        while (outstanding.size() < options_.window_pieces &&
+               (outstanding.empty() || outstanding_bytes < options_.window_bytes)) {
+          Piece piece;
+          if (!pop(piece, outstanding.empty())) break;
+          outstanding_bytes += piece.bytes.size();
+          outstanding.push_back(std::move(piece));
+          send(outstanding.back());  // from its place in `outstanding`, where it stays
+        }
+        if (outstanding.empty() || stop_requested()) return;  // drained, or stopping
+        const store::Reply reply = pipeline.read_reply();
         Piece done = std::move(outstanding.front());
         outstanding.pop_front();
         if (reply.is_error()) {
           throw store::ReplyError(fmt::format("Redis at {} refused to store '{}': {}{}",
-                                              endpoint_.describe(), done.key, reply.str(),
+                                              client_.describe(), done.key, reply.str(),
                                               hint_for(reply.str())));
         }
-        failing_since.reset();
-        backoff = std::chrono::milliseconds(50);
+        reconnecting.reset();
         outstanding_bytes -= done.bytes.size();
         release(done.bytes.size());
         // Progress counts what Redis holds, not what was read ahead of it.
@@ -191,13 +162,22 @@ void RedisPieceWriter::worker(store::Connection connection) {
         const uint64_t pieces = ++pieces_written_;
         if (options_.on_piece_written) options_.on_piece_written(pieces);
       } catch (const store::ConnectionError& e) {
-        if (!failing_since) {
-          failing_since = Clock::now();
+        // What was sent may or may not have been stored: SET again is harmless.
+        pipeline.reset();
+        resend = true;
+        if (!reconnecting) {
+          reconnecting.emplace(options_.reconnect_budget);
           spdlog::warn("connection to Redis at {} broke while writing ({}); reconnecting",
-                       endpoint_.describe(), e.what());
+                       client_.describe(), e.what());
         }
-        conn.reset();
-        try_reconnect(e.what());
+        if (!reconnecting->wait()) {
+          throw store::ConnectionError(fmt::format(
+              "lost the connection to Redis at {} while writing dataset '{}' and could not get it "
+              "back within {} s ({}); check that the server is up and reachable",
+              client_.describe(), dataset_,
+              std::chrono::duration_cast<std::chrono::seconds>(options_.reconnect_budget).count(),
+              e.what()));
+        }
       }
     }
   } catch (...) {

@@ -1,7 +1,9 @@
 #pragma once
-// Writes the pieces sources produce to Redis: several connections, each keeping a sliding window
-// of pipelined SETs, fed from a queue bounded in bytes so reading never runs far ahead of
-// writing. A broken connection is re-established and its unacknowledged SETs are sent again.
+// Writes the pieces sources produce to Redis: several writer threads, each keeping a sliding
+// window of pipelined SETs on connections of its own (one per node of a cluster: each SET goes
+// to its key's primary), fed from a queue bounded in bytes so reading never runs far ahead of
+// writing. After a broken connection a writer connects again and sends its unacknowledged SETs
+// again.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -15,7 +17,7 @@
 #include <vector>
 
 #include "src/catalog/keys.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 #include "tools/ingest_object.h"
 
 namespace dsfs::tools {
@@ -23,11 +25,11 @@ namespace dsfs::tools {
 class Progress;
 
 struct WriterOptions {
-  unsigned connections = 4;
-  size_t window_pieces = 32;                    // pipelined SETs outstanding per connection
+  unsigned connections = 4;                     // writer threads
+  size_t window_pieces = 32;                    // pipelined SETs outstanding per writer
   uint64_t window_bytes = 16ull << 20;          // and their bytes
   uint64_t max_bytes_in_flight = 256ull << 20;  // queued plus unacknowledged, all connections
-  // How long a connection may keep failing before the ingest gives up.
+  // How long a writer may keep failing to reach Redis before the ingest gives up.
   std::chrono::milliseconds reconnect_budget{15000};
   // Called (from writer threads) after each acknowledged piece with the total so far; tests use
   // it to interrupt an ingest part-way.
@@ -36,10 +38,11 @@ struct WriterOptions {
 
 class RedisPieceWriter final : public SourceSink {
  public:
-  // Connects every connection up front (so an unreachable Redis fails here). `external_stop`
-  // (may be null) is polled: when it becomes true the writer stops like after an error.
-  RedisPieceWriter(const store::RedisEndpoint& endpoint, const catalog::KeySchema& keys,
-                   std::string dataset, uint64_t generation, WriterOptions options,
+  // Starts the writer threads; each connects to a node when it first writes there. `client`
+  // must outlive the writer. `external_stop` (may be null) is polled: when it becomes true the
+  // writer stops like after an error.
+  RedisPieceWriter(store::Client& client, const catalog::KeySchema& keys, std::string dataset,
+                   uint64_t generation, WriterOptions options,
                    const std::atomic<bool>* external_stop = nullptr, Progress* progress = nullptr);
   ~RedisPieceWriter() override;
   RedisPieceWriter(const RedisPieceWriter&) = delete;
@@ -64,13 +67,13 @@ class RedisPieceWriter final : public SourceSink {
     std::string bytes;
     bool completes_object = false;
   };
-  void worker(store::Connection connection);
+  void worker();
   bool pop(Piece& piece, bool wait);
   void release(uint64_t bytes);
   void fail(std::exception_ptr error);
   void join_workers();
 
-  store::RedisEndpoint endpoint_;
+  store::Client& client_;
   catalog::KeySchema keys_;
   std::string dataset_;
   uint64_t generation_;

@@ -25,12 +25,16 @@ namespace dsfs::catalog {
 namespace {
 
 constexpr std::string_view kScanBatch = "1000";
+constexpr size_t kUnlinkWindow = 256;  // one-key UNLINKs outstanding per node
+constexpr size_t kExistsWindow = 64;
 constexpr size_t kManifestWriteWindow = 4;  // 8 MiB values: a few in flight is plenty
 constexpr size_t kManifestReadWindow = 4;
 constexpr uint64_t kMaxManifestChunks = 1u << 16;  // 512 GiB of manifest: beyond is corruption
 constexpr uint64_t kMaxRedisStringBytes = 512ull << 20;
 // pin_current_generation gives up after this many publishes racing with it.
 constexpr int kMaxPinAttempts = 10;
+// publish gives up after this many concurrent changes of the info hash.
+constexpr int kMaxPublishAttempts = 10;
 
 std::string hex64(uint64_t value) {
   return fmt::format("{:016x}", value);
@@ -40,11 +44,11 @@ std::string_view as_text(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
-[[noreturn]] void throw_not_found(const store::Connection& conn, const KeySchema& keys,
+[[noreturn]] void throw_not_found(const store::Client& client, const KeySchema& keys,
                                   std::string_view name) {
   throw DatasetNotFound(
       fmt::format("dataset '{}' not found in namespace '{}' on {}; see `dsfs list`", name,
-                  keys.ns(), conn.endpoint().describe()));
+                  keys.ns(), client.describe()));
 }
 
 [[noreturn]] void throw_corrupt_info(std::string_view name, std::string_view problem) {
@@ -83,56 +87,123 @@ std::vector<std::string> string_elements(const store::Reply& reply, std::string_
   return out;
 }
 
-// SCANs for `pattern` and UNLINKs each batch found (UNLINK frees values off the main thread), so
-// Redis is never blocked for long. Adds deletions to `deleted`, reporting after each batch.
-void unlink_matching(store::Connection& conn, const std::string& pattern, uint64_t& deleted,
+// SCANs for `pattern` on every primary (a cluster's keys are spread over its nodes) and UNLINKs
+// each batch found (UNLINK frees values off the main thread), so Redis is never blocked for
+// long. Adds deletions to `deleted`, reporting after each batch.
+//
+// Each round takes one SCAN step on every node not walked through yet, then UNLINKs what it
+// found through the client, one key per command (a multi-key UNLINK across slots fails with
+// CROSSSLOT), holding no node's connection meanwhile. for_each_primary may run a round's steps
+// again after a failover and SCAN may return a key twice: UNLINK counts only the keys it really
+// removed, so `deleted` stays right.
+void unlink_matching(store::Client& client, const std::string& pattern, uint64_t& deleted,
                      const std::function<void(uint64_t)>& progress) {
-  std::string cursor = "0";
-  do {
-    store::Reply scan = conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", kScanBatch});
-    scan.expect_ok(fmt::format("SCAN MATCH {}", pattern));
-    const redisReply* cursor_reply = scan.element(0);
-    const redisReply* keys_reply = scan.element(1);
-    if (scan.size() != 2 || !keys_reply || keys_reply->type != REDIS_REPLY_ARRAY) {
-      throw store::ReplyError(fmt::format("SCAN MATCH {}: unexpected reply shape", pattern));
-    }
-    cursor = std::string(store::Reply::element_str(cursor_reply));
-    if (keys_reply->elements > 0) {
-      std::vector<std::string_view> argv;
-      argv.reserve(keys_reply->elements + 1);
-      argv.push_back("UNLINK");
-      for (size_t i = 0; i < keys_reply->elements; ++i) {
-        argv.push_back(store::Reply::element_str(keys_reply->element[i]));
+  std::map<std::string, std::string> cursors;  // node -> where its SCAN goes on; "0" once done
+  for (;;) {
+    std::vector<std::array<std::string, 2>> unlinks;
+    bool more = false;
+    client.for_each_primary([&](store::Connection& conn) {
+      const auto [at, first_visit] = cursors.try_emplace(conn.endpoint().describe(), "0");
+      std::string& cursor = at->second;
+      if (cursor == "0" && !first_visit) return;  // walked through
+      store::Reply scan = conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", kScanBatch});
+      scan.expect_ok(fmt::format("SCAN MATCH {} on {}", pattern, conn.endpoint().describe()));
+      const redisReply* cursor_reply = scan.element(0);
+      const redisReply* keys_reply = scan.element(1);
+      if (scan.size() != 2 || !keys_reply || keys_reply->type != REDIS_REPLY_ARRAY) {
+        throw store::ReplyError(fmt::format("SCAN MATCH {} on {}: unexpected reply shape", pattern,
+                                            conn.endpoint().describe()));
       }
-      store::Reply unlinked = conn.command(std::span<const std::string_view>(argv));
-      deleted += static_cast<uint64_t>(unlinked.expect_ok("UNLINK").integer());
+      cursor = std::string(store::Reply::element_str(cursor_reply));
+      if (cursor.empty()) cursor = "0";
+      if (cursor != "0") more = true;
+      for (size_t i = 0; i < keys_reply->elements; ++i) {
+        unlinks.push_back(
+            {"UNLINK", std::string(store::Reply::element_str(keys_reply->element[i]))});
+      }
+    });
+    if (!unlinks.empty()) {
+      std::string problem;
+      client.pipeline(unlinks, kUnlinkWindow, [&](size_t index, store::Reply& reply) {
+        if (reply.is_error()) {
+          if (problem.empty()) {
+            problem = fmt::format("UNLINK {}: Redis replied '{}'", unlinks[index][1], reply.str());
+          }
+          return;
+        }
+        deleted += static_cast<uint64_t>(reply.integer());
+      });
+      if (!problem.empty()) throw store::ReplyError(problem);
       if (progress) progress(deleted);
     }
-  } while (cursor != "0" && !cursor.empty());
+    if (!more) return;
+  }
 }
 
-bool manifest_exists(store::Connection& conn, const KeySchema& keys, const std::string& name,
+bool manifest_exists(store::Client& client, const KeySchema& keys, const std::string& name,
                      uint64_t gen) {
-  return conn.command({"EXISTS", keys.manifest_chunk(name, gen, 0)})
+  return client.command({"EXISTS", keys.manifest_chunk(name, gen, 0)})
              .expect_ok("EXISTS manifest")
              .integer() > 0;
 }
 
-// Milliseconds since the epoch by the Redis server's clock, so that leases written and checked
-// from different hosts agree on when they expire whatever the hosts' clocks say.
-int64_t server_time_ms(store::Connection& conn) {
-  const store::Reply time = conn.command({"TIME"});
-  time.expect_ok("TIME");
-  if (time.size() != 2) throw store::ReplyError("TIME: unexpected reply shape");
-  int64_t parts[2] = {0, 0};  // seconds, microseconds
-  for (size_t i = 0; i < 2; ++i) {
-    const std::string_view text = store::Reply::element_str(time.element(i));
-    const auto part = parse_number<int64_t>(text);
-    if (!part) throw store::ReplyError(fmt::format("TIME: '{}' is not a number", text));
-    parts[i] = *part;
+// Milliseconds since the epoch by the clock of the Redis server that holds `key` (the
+// dataset's readers set), so that leases written and checked from different hosts agree on
+// when they expire whatever the hosts' clocks say; on a cluster every host asks that same node.
+// TIME names no key, so it runs on a connection leased for the key's node; a node that does not
+// answer is retried (the map reloaded) within the client's retry budget.
+int64_t server_time_ms(store::Client& client, std::string_view key) {
+  store::Backoff backoff(client.options().retry_budget);
+  for (;;) {
+    store::Reply time;
+    try {
+      store::ConnectionPool::Lease lease = client.lease_for_key(key);
+      time = lease->command({"TIME"});
+    } catch (const store::ConnectionError&) {
+      if (!backoff.wait()) throw;
+      try {
+        client.refresh_topology();
+      } catch (const store::ConnectionError& e) {
+        spdlog::debug("TIME: {}", e.what());
+      }
+      continue;
+    }
+    time.expect_ok("TIME");
+    if (time.size() != 2) throw store::ReplyError("TIME: unexpected reply shape");
+    int64_t parts[2] = {0, 0};  // seconds, microseconds
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string_view text = store::Reply::element_str(time.element(i));
+      const auto part = parse_number<int64_t>(text);
+      if (!part) throw store::ReplyError(fmt::format("TIME: '{}' is not a number", text));
+      parts[i] = *part;
+    }
+    return parts[0] * 1000 + parts[1] / 1000;
   }
-  return parts[0] * 1000 + parts[1] / 1000;
 }
+
+// Between WATCH and EXEC on a pooled connection: sends UNWATCH if the flip stops before EXEC,
+// so the connection goes back to the pool without a WATCH that would abort its next user's
+// transaction.
+class WatchGuard {
+ public:
+  explicit WatchGuard(store::Connection& conn) : conn_(conn) {}
+  ~WatchGuard() {
+    // With replies pending (thrown mid-transaction) the pool drops the connection anyway.
+    if (!armed_ || conn_.broken() || conn_.pending() != 0) return;
+    try {
+      conn_.command({"UNWATCH"});
+    } catch (const std::exception& e) {
+      spdlog::debug("UNWATCH on {}: {}", conn_.endpoint().describe(), e.what());
+    }
+  }
+  WatchGuard(const WatchGuard&) = delete;
+  WatchGuard& operator=(const WatchGuard&) = delete;
+  void disarm() { armed_ = false; }  // EXEC ran: it ended the WATCH
+
+ private:
+  store::Connection& conn_;
+  bool armed_ = true;
+};
 
 // A lease's member in the readers set; the generation comes first so GC can parse it whatever
 // characters the reader id holds.
@@ -142,8 +213,8 @@ std::string lease_member(uint64_t gen, std::string_view reader_id) {
 
 }  // namespace
 
-std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema& keys) {
-  auto names = string_elements(conn.command({"SMEMBERS", keys.datasets()}),
+std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys) {
+  auto names = string_elements(client.command({"SMEMBERS", keys.datasets()}),
                                fmt::format("SMEMBERS {}", keys.datasets()));
   // begin_generation adds a name before its first publish (so a crash between the info flip
   // and anything after it cannot hide a published dataset); only names with info are published.
@@ -151,7 +222,8 @@ std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema&
   exists.reserve(names.size());
   for (const std::string& name : names) exists.push_back({"EXISTS", keys.info(name)});
   std::vector<std::string> published;
-  store::pipeline(conn, exists, 64, [&](size_t i, const store::Reply& reply) {
+  // Each dataset's info lives on its own slot: replies come in any order, hence the sort.
+  client.pipeline(exists, kExistsWindow, [&](size_t i, const store::Reply& reply) {
     reply.expect_ok("EXISTS info");
     if (reply.integer() != 0) published.push_back(names[i]);
   });
@@ -159,9 +231,9 @@ std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema&
   return published;
 }
 
-std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const KeySchema& keys) {
+std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeySchema& keys) {
   std::vector<DatasetStatus> statuses;
-  for (const std::string& name : list_datasets(conn, keys)) {
+  for (const std::string& name : list_datasets(client, keys)) {
     DatasetStatus& status = statuses.emplace_back();
     status.name = store::log_text(name);
     if (!is_valid_dataset_name(name)) {
@@ -172,7 +244,7 @@ std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const Ke
       continue;
     }
     try {
-      status.info = read_info(conn, keys, name);
+      status.info = read_info(client, keys, name);
     } catch (const DatasetNotFound&) {
       statuses.pop_back();  // removed since it was listed
     } catch (const DatasetDamaged& e) {
@@ -191,7 +263,7 @@ std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const Ke
     healthy.push_back(&status);
     exists.push_back({"EXISTS", keys.manifest_chunk(status.name, status.info->generation, 0)});
   }
-  store::pipeline(conn, exists, 64, [&](size_t i, const store::Reply& reply) {
+  client.pipeline(exists, kExistsWindow, [&](size_t i, const store::Reply& reply) {
     reply.expect_ok("EXISTS manifest");
     if (reply.integer() != 0) return;
     DatasetStatus& status = *healthy[i];
@@ -204,14 +276,14 @@ std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const Ke
   return statuses;
 }
 
-DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std::string& name) {
+DatasetInfo read_info(store::Client& client, const KeySchema& keys, const std::string& name) {
   validate_dataset_name(name);
-  store::Reply reply = conn.command({"HGETALL", keys.info(name)});
+  store::Reply reply = client.command({"HGETALL", keys.info(name)});
   if (reply.is_error() && reply.str().starts_with("WRONGTYPE")) {
     throw_corrupt_info(name, fmt::format("{} is not a hash", keys.info(name)));
   }
   const auto flat = string_elements(reply, fmt::format("HGETALL {}", keys.info(name)));
-  if (flat.empty()) throw_not_found(conn, keys, name);
+  if (flat.empty()) throw_not_found(client, keys, name);
   return parse_info(name, flat);
 }
 
@@ -264,7 +336,7 @@ DatasetInfo parse_info(const std::string& name, const std::vector<std::string>& 
   return info;
 }
 
-std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySchema& keys,
+std::shared_ptr<const Catalog> load_catalog(store::Client& client, const KeySchema& keys,
                                             const DatasetInfo& info) {
   const std::string& name = info.name;
   const auto where = [&] {
@@ -285,9 +357,12 @@ std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySc
   std::vector<std::byte> bytes;
   bytes.reserve(info.manifest_bytes);
   // Errors are noted, not thrown, inside the pipeline so every reply is read and the connection
-  // stays usable for the caller.
+  // stays usable. The chunks share the dataset's slot, so their replies come in order; one that
+  // comes early (a chunk asked again after a redirection) waits in `early` until its turn.
   std::string problem;
-  store::pipeline(conn, commands, kManifestReadWindow, [&](size_t index, store::Reply& reply) {
+  size_t next_chunk = 0;
+  std::map<size_t, store::Reply> early;
+  const auto take = [&](size_t index, const store::Reply& reply) {
     if (!problem.empty()) return;
     if (reply.is_error()) {
       problem = fmt::format("GET {}: Redis replied '{}'", commands[index][1], reply.str());
@@ -302,6 +377,17 @@ std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySc
     } else {
       const auto* begin = reinterpret_cast<const std::byte*>(reply.str().data());
       bytes.insert(bytes.end(), begin, begin + reply.str().size());
+    }
+  };
+  client.pipeline(commands, kManifestReadWindow, [&](size_t index, store::Reply& reply) {
+    if (index != next_chunk) {
+      early.emplace(index, std::move(reply));
+      return;
+    }
+    take(index, reply);
+    for (++next_chunk; !early.empty() && early.begin()->first == next_chunk; ++next_chunk) {
+      take(next_chunk, early.begin()->second);
+      early.erase(early.begin());
     }
   });
   if (!problem.empty()) throw ManifestError(fmt::format("{}: {}", where(), problem));
@@ -330,18 +416,18 @@ std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySc
   return std::make_shared<const Catalog>(std::move(catalog));
 }
 
-uint64_t begin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name) {
+uint64_t begin_generation(store::Client& client, const KeySchema& keys, const std::string& name) {
   validate_new_dataset_name(name);
   const long long gen =
-      conn.command({"INCR", keys.next_generation(name)}).expect_ok("INCR nextgen").integer();
+      client.command({"INCR", keys.next_generation(name)}).expect_ok("INCR nextgen").integer();
   // Recorded before any object is written, so GC and rm always find this generation's keys.
-  conn.command({"SADD", keys.generations(name), std::to_string(gen)}).expect_ok("SADD gens");
+  client.command({"SADD", keys.generations(name), std::to_string(gen)}).expect_ok("SADD gens");
   // Listed from now on, but list_datasets shows it only once its info exists (published).
-  conn.command({"SADD", keys.datasets(), name}).expect_ok("SADD datasets");
+  client.command({"SADD", keys.datasets(), name}).expect_ok("SADD datasets");
   return static_cast<uint64_t>(gen);
 }
 
-void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
+void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
              const Catalog& catalog) {
   validate_dataset_name(info.name);
   const std::string& name = info.name;
@@ -377,7 +463,7 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
     writes.push_back({"SET", chunk_keys[i], as_text(all.subspan(offset, length))});
   }
   std::string problem;
-  store::pipeline(conn, writes, kManifestWriteWindow, [&](size_t index, store::Reply& reply) {
+  client.pipeline(writes, kManifestWriteWindow, [&](size_t index, store::Reply& reply) {
     if (reply.is_error() && problem.empty()) {
       problem = fmt::format("SET {}: Redis replied '{}'", chunk_keys[index], reply.str());
     }
@@ -387,18 +473,33 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
   }
 
   // The flip: WATCH makes a concurrent publish of the same name abort ours instead of
-  // interleaving; MULTI/EXEC replaces every field at once (info is one key, one slot).
+  // interleaving; MULTI/EXEC replaces every field at once. info and gens share the dataset's
+  // slot, so the whole sequence runs on one connection to that slot's primary.
   const std::string info_key = keys.info(name);
   const std::string gens_key = keys.generations(name);
+  store::Backoff moved_backoff(client.options().retry_budget);
   for (int attempt = 0;; ++attempt) {
+    store::ConnectionPool::Lease lease = client.lease_for_key(info_key);
+    store::Connection& conn = *lease;
     // gens is watched too: an rm that deletes it meanwhile aborts the flip.
-    conn.command({"WATCH", info_key, gens_key}).expect_ok("WATCH info gens");
+    const store::Reply watched = conn.command({"WATCH", info_key, gens_key});
+    if (watched.is_error() && store::parse_redirect(watched.str())) {
+      // The slot is moving or moved (resharding, failover): find where it lives now.
+      if (!moved_backoff.wait()) {
+        throw store::ConnectionError(
+            fmt::format("publish '{}': the slot of {} kept moving ({}); try again", name, info_key,
+                        watched.str()));
+      }
+      client.refresh_topology();
+      continue;
+    }
+    watched.expect_ok("WATCH info gens");
+    WatchGuard watch(conn);
     const store::Reply current = conn.command({"HGET", info_key, "generation"});
     current.expect_ok("HGET generation");
     const uint64_t current_generation =
         current.is_nil() ? 0 : parse_field(name, "generation", current.str());
     if (current_generation > info.generation) {
-      conn.command({"UNWATCH"});
       throw std::runtime_error(fmt::format(
           "dataset '{}': generation {} was published while this one ({}) was being written; "
           "keeping the newer one (this generation's keys are collected later)",
@@ -410,7 +511,6 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
     if (conn.command({"SISMEMBER", gens_key, std::to_string(info.generation)})
             .expect_ok("SISMEMBER gens")
             .integer() == 0) {
-      conn.command({"UNWATCH"});
       throw std::runtime_error(fmt::format(
           "dataset '{}': generation {} is no longer recorded in {}: the dataset was removed "
           "(`dsfs rm`) or Redis lost data while it was being written, so its objects may be "
@@ -446,25 +546,26 @@ void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
     const store::Reply multi = conn.read_reply();
     const store::Reply queued = conn.read_reply();
     const store::Reply exec = conn.read_reply();
+    watch.disarm();  // EXEC (or its refusal) ended the WATCH
     multi.expect_ok("MULTI");
     queued.expect_ok("HSET info");
     exec.expect_ok("EXEC");
     if (!exec.is_nil()) break;  // committed
-    if (attempt >= 10) {
+    if (attempt >= kMaxPublishAttempts) {
       throw std::runtime_error(
           fmt::format("dataset '{}': info kept changing during publish; try again", name));
     }
     spdlog::debug("publish '{}': info changed concurrently, retrying", name);
   }
-  conn.command({"SADD", keys.datasets(), name}).expect_ok("SADD datasets");
+  client.command({"SADD", keys.datasets(), name}).expect_ok("SADD datasets");
 }
 
-uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const std::string& name,
+uint64_t collect_garbage(store::Client& client, const KeySchema& keys, const std::string& name,
                          unsigned keep_previous) {
-  const DatasetInfo info = read_info(conn, keys, name);
+  const DatasetInfo info = read_info(client, keys, name);
   std::vector<uint64_t> generations;
   for (const auto& text :
-       string_elements(conn.command({"SMEMBERS", keys.generations(name)}), "SMEMBERS gens")) {
+       string_elements(client.command({"SMEMBERS", keys.generations(name)}), "SMEMBERS gens")) {
     const auto gen = parse_number<uint64_t>(text);
     if (!gen) {
       spdlog::warn("dataset '{}': ignoring '{}' in {}: not a generation number", name, text,
@@ -475,7 +576,7 @@ uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const s
   }
   // Read after info: a reader that pinned the then-current generation before this point is
   // seen here, and one pinning later pins a generation >= info.generation, never collected.
-  const std::set<uint64_t> pinned = pinned_generations(conn, keys, name);
+  const std::set<uint64_t> pinned = pinned_generations(client, keys, name);
   // Newer generations than the current one belong to ingests still running (or failed ones,
   // collected after the next publish). Of the older ones, those pinned by a live reader's lease
   // stay, and so do the newest `keep_previous` published ones (readers without a lease).
@@ -488,50 +589,52 @@ uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const s
       spdlog::debug("dataset '{}': keeping generation {}, pinned by a mounted reader", name, gen);
       continue;
     }
-    if (kept < keep_previous && manifest_exists(conn, keys, name, gen)) {
+    if (kept < keep_previous && manifest_exists(client, keys, name, gen)) {
       ++kept;
       continue;
     }
-    deleted += delete_generation(conn, keys, name, gen);
+    deleted += delete_generation(client, keys, name, gen);
     spdlog::debug("dataset '{}': collected generation {}", name, gen);
   }
   return deleted;
 }
 
-uint64_t delete_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+uint64_t delete_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                            uint64_t gen) {
   validate_dataset_name(name);
   uint64_t deleted = 0;
-  unlink_matching(conn, keys.generation_objects_pattern(name, gen), deleted, {});
-  unlink_matching(conn, keys.generation_manifest_pattern(name, gen), deleted, {});
-  conn.command({"SREM", keys.generations(name), std::to_string(gen)}).expect_ok("SREM gens");
+  unlink_matching(client, keys.generation_objects_pattern(name, gen), deleted, {});
+  unlink_matching(client, keys.generation_manifest_pattern(name, gen), deleted, {});
+  client.command({"SREM", keys.generations(name), std::to_string(gen)}).expect_ok("SREM gens");
   return deleted;
 }
 
-uint64_t remove_dataset(store::Connection& conn, const KeySchema& keys, const std::string& name,
+uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std::string& name,
                         const std::function<void(uint64_t)>& progress) {
   validate_dataset_name(name);
-  // Anything left by a publish, a failed ingest or an interrupted rm counts as existing.
-  conn.append({"EXISTS", keys.info(name), keys.generations(name), keys.next_generation(name),
-               keys.readers(name)});
-  conn.append({"SISMEMBER", keys.datasets(), name});
-  const store::Reply exists = conn.read_reply();
-  const store::Reply member = conn.read_reply();
-  const long long keys_present = exists.expect_ok("EXISTS").integer();
-  const long long listed = member.expect_ok("SISMEMBER").integer();
-  if (keys_present == 0 && listed == 0) throw_not_found(conn, keys, name);
+  // Anything left by a publish, a failed ingest or an interrupted rm counts as existing. The
+  // dataset's own keys share one slot; the datasets set is elsewhere on a cluster.
+  const long long keys_present = client
+                                     .command({"EXISTS", keys.info(name), keys.generations(name),
+                                               keys.next_generation(name), keys.readers(name)})
+                                     .expect_ok("EXISTS")
+                                     .integer();
+  const long long listed =
+      client.command({"SISMEMBER", keys.datasets(), name}).expect_ok("SISMEMBER").integer();
+  if (keys_present == 0 && listed == 0) throw_not_found(client, keys, name);
 
   uint64_t deleted = 0;
-  unlink_matching(conn, keys.dataset_objects_pattern(name), deleted, progress);
-  unlink_matching(conn, keys.dataset_manifests_pattern(name), deleted, progress);
-  deleted += static_cast<uint64_t>(conn.command({"UNLINK", keys.generations(name),
+  unlink_matching(client, keys.dataset_objects_pattern(name), deleted, progress);
+  unlink_matching(client, keys.dataset_manifests_pattern(name), deleted, progress);
+  deleted += static_cast<uint64_t>(client
+                                       .command({"UNLINK", keys.generations(name),
                                                  keys.next_generation(name), keys.readers(name)})
                                        .expect_ok("UNLINK gens")
                                        .integer());
-  conn.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
+  client.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
   // The info hash goes last: while it exists, an interrupted rm can simply be run again.
   deleted += static_cast<uint64_t>(
-      conn.command({"UNLINK", keys.info(name)}).expect_ok("UNLINK info").integer());
+      client.command({"UNLINK", keys.info(name)}).expect_ok("UNLINK info").integer());
   if (progress) progress(deleted);
   return deleted;
 }
@@ -545,7 +648,7 @@ std::string make_reader_id() {
   return fmt::format("{}:{}:{:08x}", host.data(), getpid(), random());
 }
 
-bool pin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+bool pin_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                     const std::string& reader_id, uint64_t gen, std::chrono::milliseconds ttl) {
   validate_dataset_name(name);
   if (reader_id.empty()) throw std::invalid_argument("pin_generation: empty reader id");
@@ -553,33 +656,34 @@ bool pin_generation(store::Connection& conn, const KeySchema& keys, const std::s
     throw std::invalid_argument(
         fmt::format("pin_generation: lease ttl must be positive, not {} ms", ttl.count()));
   }
-  const int64_t expiry = server_time_ms(conn) + ttl.count();
-  const long long added = conn.command({"ZADD", keys.readers(name), std::to_string(expiry),
-                                        lease_member(gen, reader_id)})
-                              .expect_ok(fmt::format("ZADD {}", keys.readers(name)))
-                              .integer();
+  const std::string key = keys.readers(name);
+  const int64_t expiry = server_time_ms(client, key) + ttl.count();
+  const long long added =
+      client.command({"ZADD", key, std::to_string(expiry), lease_member(gen, reader_id)})
+          .expect_ok(fmt::format("ZADD {}", key))
+          .integer();
   return added > 0;
 }
 
-void unpin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+void unpin_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                       const std::string& reader_id, uint64_t gen) {
   validate_dataset_name(name);
-  conn.command({"ZREM", keys.readers(name), lease_member(gen, reader_id)})
+  client.command({"ZREM", keys.readers(name), lease_member(gen, reader_id)})
       .expect_ok(fmt::format("ZREM {}", keys.readers(name)));
 }
 
-DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& keys,
+DatasetInfo pin_current_generation(store::Client& client, const KeySchema& keys,
                                    const std::string& name, const std::string& reader_id,
                                    std::chrono::milliseconds ttl) {
-  DatasetInfo info = read_info(conn, keys, name);
+  DatasetInfo info = read_info(client, keys, name);
   for (int attempt = 1;; ++attempt) {
-    pin_generation(conn, keys, name, reader_id, info.generation, ttl);
+    pin_generation(client, keys, name, reader_id, info.generation, ttl);
     DatasetInfo now;
     try {
-      now = read_info(conn, keys, name);
+      now = read_info(client, keys, name);
     } catch (...) {
       try {  // removed meanwhile (or Redis went away): do not leave the lease behind
-        unpin_generation(conn, keys, name, reader_id, info.generation);
+        unpin_generation(client, keys, name, reader_id, info.generation);
       } catch (const std::exception& e) {
         spdlog::debug("dataset '{}': cannot unpin generation {}: {}", name, info.generation,
                       e.what());
@@ -588,7 +692,7 @@ DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& key
     }
     // Still current after the pin: no collection, past or future, can delete it.
     if (now.generation == info.generation) return now;
-    unpin_generation(conn, keys, name, reader_id, info.generation);
+    unpin_generation(client, keys, name, reader_id, info.generation);
     if (attempt >= kMaxPinAttempts) {
       throw std::runtime_error(
           fmt::format("dataset '{}': {} generations were published while pinning one; try again",
@@ -598,25 +702,31 @@ DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& key
   }
 }
 
-std::vector<std::string> live_leases(store::Connection& conn, const KeySchema& keys,
+std::vector<std::string> live_leases(store::Client& client, const KeySchema& keys,
                                      const std::string& name) {
   validate_dataset_name(name);
   const std::string key = keys.readers(name);
-  const std::string now = std::to_string(server_time_ms(conn));
-  return string_elements(conn.command({"ZRANGEBYSCORE", key, "(" + now, "+inf"}),
+  const std::string now = std::to_string(server_time_ms(client, key));
+  return string_elements(client.command({"ZRANGEBYSCORE", key, "(" + now, "+inf"}),
                          fmt::format("ZRANGEBYSCORE {}", key));
 }
 
-std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& keys,
+std::set<uint64_t> pinned_generations(store::Client& client, const KeySchema& keys,
                                       const std::string& name) {
   validate_dataset_name(name);
   const std::string key = keys.readers(name);
-  const std::string now = std::to_string(server_time_ms(conn));
-  // An expiry at or before now has lapsed: drop those, then list the rest.
-  conn.append({"ZREMRANGEBYSCORE", key, "-inf", now});
-  conn.append({"ZRANGEBYSCORE", key, "(" + now, "+inf"});
-  const store::Reply dropped = conn.read_reply();
-  const store::Reply live = conn.read_reply();
+  const std::string now = std::to_string(server_time_ms(client, key));
+  // An expiry at or before now has lapsed: drop those, and list the rest (in either order: the
+  // listing names only expiries after now). One round trip to the key's node.
+  const std::array<std::array<std::string, 4>, 2> commands = {{
+      {"ZREMRANGEBYSCORE", key, "-inf", now},
+      {"ZRANGEBYSCORE", key, "(" + now, "+inf"},
+  }};
+  std::array<store::Reply, 2> replies;
+  client.pipeline(commands, commands.size(),
+                  [&](size_t index, store::Reply& reply) { replies[index] = std::move(reply); });
+  const store::Reply& dropped = replies[0];
+  const store::Reply& live = replies[1];
   const long long expired = dropped.expect_ok(fmt::format("ZREMRANGEBYSCORE {}", key)).integer();
   if (expired > 0) spdlog::debug("dataset '{}': dropped {} expired lease(s)", name, expired);
   std::set<uint64_t> pinned;

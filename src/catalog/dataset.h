@@ -1,7 +1,10 @@
 #pragma once
 // Dataset-level operations on Redis: list, info, load a generation's catalogue, publish a new
 // generation atomically, remove, garbage-collect old generations, and the readers' leases that
-// keep a generation from being collected while it is mounted.
+// keep a generation from being collected while it is mounted. All of them go through a
+// store::Client, so a single server and a Redis Cluster are the same to them: a dataset's own
+// keys (NS:{NAME}:...) share one slot, its objects spread over every node, and the SCANs of
+// rm and GC walk every primary.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -14,7 +17,7 @@
 
 #include "src/catalog/catalog.h"
 #include "src/catalog/keys.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 
 namespace dsfs::catalog {
 
@@ -51,7 +54,7 @@ struct DatasetInfo {
 
 // Published datasets (those whose info key exists), sorted. A name in the set that is not a valid
 // dataset name is listed too; read_info reports it as damaged.
-std::vector<std::string> list_datasets(store::Connection& conn, const KeySchema& keys);
+std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys);
 
 // One dataset of a listing: its info, or why it cannot be served.
 struct DatasetStatus {
@@ -64,12 +67,12 @@ struct DatasetStatus {
 // generation names exists (one pipelined EXISTS each; the manifest's checksum is checked when a
 // mount loads it). A damaged dataset is reported in `damage`, never thrown: one bad dataset does
 // not hide the others. Throws store errors only (Redis unreachable, the datasets set damaged).
-std::vector<DatasetStatus> list_dataset_status(store::Connection& conn, const KeySchema& keys);
+std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeySchema& keys);
 
 // Throws DatasetNotFound ("dataset 'x' not found in namespace 'dsfs' on <endpoint>; see
 // `dsfs list`"), DatasetDamaged if the hash is corrupt or not a hash (or the name stored in the
 // datasets set is not a valid name), or std::runtime_error if it is of a newer schema version.
-DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std::string& name);
+DatasetInfo read_info(store::Client& client, const KeySchema& keys, const std::string& name);
 
 // Fetches and decodes the manifest of info.generation. Throws ManifestError if chunks are
 // missing, the length or xxh64 disagree with info, or decoding fails.
@@ -77,28 +80,28 @@ DatasetInfo read_info(store::Connection& conn, const KeySchema& keys, const std:
 // does once the reply is in. Throws DatasetDamaged, or std::runtime_error for a newer schema.
 DatasetInfo parse_info(const std::string& name, const std::vector<std::string>& flat_fields);
 
-std::shared_ptr<const Catalog> load_catalog(store::Connection& conn, const KeySchema& keys,
+std::shared_ptr<const Catalog> load_catalog(store::Client& client, const KeySchema& keys,
                                             const DatasetInfo& info);
 
 // Allocates a fresh generation number (INCR nextgen) and records it in the gens set.
-uint64_t begin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name);
+uint64_t begin_generation(store::Client& client, const KeySchema& keys, const std::string& name);
 
 // Writes the manifest chunks of info.generation, then flips info (MULTI/EXEC, one slot) so the
 // new generation becomes current, then SADDs the name to the datasets set. Fills in
 // info.manifest_* and info.previous_generation. Objects must already be written.
-void publish(store::Connection& conn, const KeySchema& keys, DatasetInfo& info,
+void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
              const Catalog& catalog);
 
 // Deletes keys of every generation of `name` except the current one, `keep_previous` published
 // ones before it, and any generation pinned by an unexpired lease (pinned_generations, which
 // also drops expired leases), in SCAN+UNLINK batches. Returns keys deleted.
-uint64_t collect_garbage(store::Connection& conn, const KeySchema& keys, const std::string& name,
+uint64_t collect_garbage(store::Client& client, const KeySchema& keys, const std::string& name,
                          unsigned keep_previous = 1);
 
 // Deletes every object and manifest chunk of generation `gen` of `name` (SCAN+UNLINK batches),
 // then its entry in the gens set, last, so that an interrupted deletion is found and redone by
 // the next collection. Returns keys deleted. The caller makes sure `gen` is not the current one.
-uint64_t delete_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+uint64_t delete_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                            uint64_t gen);
 
 // ---- Leases ------------------------------------------------------------------------------------
@@ -114,35 +117,35 @@ std::string make_reader_id();
 // that lease (refresh). Returns true if the lease did not exist before: a first pin, or a lease
 // that had expired and been dropped by GC, which may have collected the generation since.
 // Two round trips (TIME, ZADD). Throws std::invalid_argument for an empty id or a ttl <= 0.
-bool pin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+bool pin_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                     const std::string& reader_id, uint64_t gen, std::chrono::milliseconds ttl);
 
 // Drops the lease of `reader_id` on `gen` (no error if there is none).
-void unpin_generation(store::Connection& conn, const KeySchema& keys, const std::string& name,
+void unpin_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                       const std::string& reader_id, uint64_t gen);
 
 // Reads info and pins its current generation for `reader_id`, re-reading until the pinned
 // generation is still current: generations only grow and GC never touches the current one, so
 // no collection, even one already running, can delete it. Returns the info pinned.
 // Throws like read_info, or std::runtime_error if the dataset keeps changing.
-DatasetInfo pin_current_generation(store::Connection& conn, const KeySchema& keys,
+DatasetInfo pin_current_generation(store::Client& client, const KeySchema& keys,
                                    const std::string& name, const std::string& reader_id,
                                    std::chrono::milliseconds ttl);
 
 // Generations pinned by unexpired leases; drops the expired ones (entries it cannot parse are
 // ignored and left alone). Two round trips (TIME, then ZREMRANGEBYSCORE + ZRANGEBYSCORE).
-std::set<uint64_t> pinned_generations(store::Connection& conn, const KeySchema& keys,
+std::set<uint64_t> pinned_generations(store::Client& client, const KeySchema& keys,
                                       const std::string& name);
 
 // Members ("GEN:READER_ID") of the unexpired leases on `name`, by the server's clock: the
 // readers (mounts) using it now. Two round trips; changes nothing.
-std::vector<std::string> live_leases(store::Connection& conn, const KeySchema& keys,
+std::vector<std::string> live_leases(store::Client& client, const KeySchema& keys,
                                      const std::string& name);
 
 // Removes every key of the dataset (info, manifests, objects of all generations, leases) in
 // batches, and its name from the datasets set. Throws DatasetNotFound if it does not exist.
 // progress(keys_deleted) is called after each batch.
-uint64_t remove_dataset(store::Connection& conn, const KeySchema& keys, const std::string& name,
+uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std::string& name,
                         const std::function<void(uint64_t)>& progress = {});
 
 }  // namespace dsfs::catalog

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -23,8 +24,11 @@ void add_global_options(CLI::App& sub, GlobalOptions& options) {
   sub.add_option("--redis", options.redis_url,
                  "Redis to use: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or "
                  "unix:///PATH/TO.sock[?db=N] (percent-escape special characters in USER and "
-                 "PASSWORD). Default: $DSFS_REDIS, else the embedded server under $DSFS_HOME, "
-                 "started when needed")
+                 "PASSWORD). A Redis Cluster is detected by itself: name any of its nodes, or "
+                 "several, comma-separated (redis://10.0.0.1:7000,redis://10.0.0.2:7000), so "
+                 "that one node down does not stop dsfs; the password options apply to every "
+                 "URL. Default: $DSFS_REDIS, else the embedded server under $DSFS_HOME, started "
+                 "when needed")
       ->envname("DSFS_REDIS")
       ->group(kGroup);
   sub.add_option("--redis-password-file", options.redis_password_file,
@@ -67,33 +71,80 @@ std::optional<std::string> password_from_outside_argv(const GlobalOptions& optio
   return std::nullopt;
 }
 
-store::RedisEndpoint with_password(store::RedisEndpoint endpoint, const GlobalOptions& options) {
-  if (auto password = password_from_outside_argv(options)) endpoint.password = std::move(*password);
-  return endpoint;
+// The password from outside argv, if any, replaces each endpoint's (read once: a password
+// file is read only once however many seeds there are).
+std::vector<store::RedisEndpoint> with_password(std::vector<store::RedisEndpoint> endpoints,
+                                                const GlobalOptions& options) {
+  if (auto password = password_from_outside_argv(options)) {
+    for (store::RedisEndpoint& endpoint : endpoints) endpoint.password = *password;
+  }
+  return endpoints;
+}
+
+std::vector<store::RedisEndpoint> parse_seed_list(std::string_view list) {
+  std::vector<store::RedisEndpoint> seeds;
+  for (const std::string_view url : split_redis_urls(list)) {
+    seeds.push_back(store::parse_redis_url(url));
+  }
+  return seeds;
+}
+
+// The length of the "SCHEME://" that `text` starts with (RFC 3986 scheme), 0 if none.
+size_t url_scheme_length(std::string_view text) {
+  if (text.empty() || !std::isalpha(static_cast<unsigned char>(text[0]))) return 0;
+  size_t i = 1;
+  while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '+' ||
+                             text[i] == '-' || text[i] == '.')) {
+    ++i;
+  }
+  return text.substr(i).starts_with("://") ? i + 3 : 0;
+}
+
+// Overwrites the password of the one URL in `url` (a piece of an argument) with '*'.
+void scrub_url_password(char* url, std::string_view text) {
+  const size_t scheme_end = text.find("://");
+  if (scheme_end == std::string_view::npos) return;
+  const size_t authority = scheme_end + 3;
+  const size_t at = text.rfind('@');
+  if (at == std::string_view::npos || at < authority) return;
+  const size_t colon = text.find(':', authority);
+  if (colon == std::string_view::npos || colon > at) return;  // a user name alone
+  for (size_t j = colon + 1; j < at; ++j) url[j] = '*';
 }
 
 }  // namespace
 
+std::vector<std::string_view> split_redis_urls(std::string_view list) {
+  std::vector<std::string_view> urls;
+  size_t begin = 0;
+  for (size_t comma = list.find(','); comma != std::string_view::npos;
+       comma = list.find(',', comma + 1)) {
+    size_t next = comma + 1;
+    while (next < list.size() && list[next] == ' ') ++next;   // "URL, URL" too
+    if (url_scheme_length(list.substr(next)) == 0) continue;  // a comma inside this URL
+    urls.push_back(list.substr(begin, comma - begin));
+    begin = next;
+    comma = next - 1;
+  }
+  urls.push_back(list.substr(begin));
+  return urls;
+}
+
 void scrub_secrets_from_argv(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    const size_t scheme_end = arg.find("://");
-    if (scheme_end == std::string_view::npos) continue;
-    const size_t authority = scheme_end + 3;
-    const size_t at = arg.rfind('@');
-    if (at == std::string_view::npos || at < authority) continue;
-    const size_t colon = arg.find(':', authority);
-    if (colon == std::string_view::npos || colon > at) continue;  // a user name alone
-    for (size_t j = colon + 1; j < at; ++j) argv[i][j] = '*';
+    for (const std::string_view url : split_redis_urls(arg)) {
+      scrub_url_password(argv[i] + (url.data() - arg.data()), url);
+    }
   }
 }
 
-store::RedisEndpoint resolve_endpoint(const GlobalOptions& options) {
+std::vector<store::RedisEndpoint> resolve_seeds(const GlobalOptions& options) {
   if (!options.redis_url.empty()) {
-    return with_password(store::parse_redis_url(options.redis_url), options);
+    return with_password(parse_seed_list(options.redis_url), options);
   }
   if (const char* url = std::getenv("DSFS_REDIS"); url && *url) {
-    return with_password(store::parse_redis_url(url), options);
+    return with_password(parse_seed_list(url), options);
   }
   store::EmbeddedServer server;
   if (server.start()) {
@@ -102,7 +153,16 @@ store::RedisEndpoint resolve_endpoint(const GlobalOptions& options) {
                "`dsfs server stop` stops it\n",
                server.endpoint().socket_path, server.status().data_dir.string());
   }
-  return server.endpoint();
+  return {server.endpoint()};
+}
+
+store::RedisEndpoint resolve_endpoint(const GlobalOptions& options) {
+  return resolve_seeds(options).front();
+}
+
+std::shared_ptr<store::Client> make_client(const GlobalOptions& options,
+                                           store::ClientOptions client_options) {
+  return std::make_shared<store::Client>(resolve_seeds(options), std::move(client_options));
 }
 
 void apply_log_level(const GlobalOptions& options) {

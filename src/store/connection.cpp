@@ -118,7 +118,7 @@ const Reply& Reply::expect_ok(std::string_view context) const {
 // ---- Connection -------------------------------------------------------------------------------
 
 Connection::Connection(const RedisEndpoint& endpoint, const ConnectOptions& options)
-    : endpoint_(endpoint), io_timeout_(options.io_timeout) {
+    : endpoint_(endpoint), io_timeout_(options.io_timeout), readonly_(options.readonly) {
   ignore_sigpipe_once();
   const timeval connect_timeout = to_timeval(options.connect_timeout);
   ctx_ = endpoint_.transport == RedisEndpoint::Transport::kUnix
@@ -169,9 +169,11 @@ void Connection::handshake() {
     }
   }
   if (select) append({"SELECT", db});
+  if (readonly_) append({"READONLY"});
   append({"PING"});
   Reply auth_reply = authenticate ? read_reply() : Reply();
   Reply select_reply = select ? read_reply() : Reply();
+  Reply readonly_reply = readonly_ ? read_reply() : Reply();
   Reply ping_reply = read_reply();
 
   if (auth_reply.is_error()) {
@@ -182,6 +184,10 @@ void Connection::handshake() {
   if (select_reply.is_error()) {
     throw ReplyError(fmt::format("Redis at {} rejected SELECT {}: {}", endpoint_.describe(), db,
                                  select_reply.str()));
+  }
+  if (readonly_reply.is_error()) {
+    throw ReplyError(fmt::format("Redis at {} rejected READONLY: {}", endpoint_.describe(),
+                                 readonly_reply.str()));
   }
   if (ping_reply.is_error()) {
     const std::string_view message = ping_reply.str();
@@ -204,7 +210,8 @@ Connection::Connection(Connection&& other) noexcept
       ctx_(std::exchange(other.ctx_, nullptr)),
       io_timeout_(other.io_timeout_),
       pending_(std::exchange(other.pending_, 0)),
-      broken_(std::exchange(other.broken_, true)) {}
+      broken_(std::exchange(other.broken_, true)),
+      readonly_(other.readonly_) {}
 
 Connection& Connection::operator=(Connection&& other) noexcept {
   if (this != &other) {
@@ -212,6 +219,7 @@ Connection& Connection::operator=(Connection&& other) noexcept {
     endpoint_ = std::move(other.endpoint_);
     ctx_ = std::exchange(other.ctx_, nullptr);
     io_timeout_ = other.io_timeout_;
+    readonly_ = other.readonly_;
     pending_ = std::exchange(other.pending_, 0);
     broken_ = std::exchange(other.broken_, true);
   }
@@ -330,6 +338,10 @@ void GetStream::send(std::span<const std::string> keys) {
   for (const std::string& key : keys) append_get(commands_, key);
   connection_.send_all(commands_);
   outstanding_ += keys.size();
+}
+
+int GetStream::fd() const {
+  return connection_.ctx_->fd;
 }
 
 ValueReply GetStream::receive() {

@@ -53,6 +53,8 @@ struct ConnectOptions {
   std::chrono::milliseconds connect_timeout{2000};
   // Read/write timeout of every command; a stalled server then breaks the connection.
   std::chrono::milliseconds io_timeout{10000};
+  // Sends READONLY after connecting: a cluster replica then serves reads of its slots.
+  bool readonly = false;
 };
 
 // Thread safety: not synchronized: one thread uses a Connection at a time (the pool lends each
@@ -107,6 +109,7 @@ class Connection {
   std::chrono::milliseconds io_timeout_{0};
   size_t pending_ = 0;
   bool broken_ = false;
+  bool readonly_ = false;
 };
 
 // A sliding window of GETs on one connection: send keys whenever there is room, take each
@@ -123,6 +126,9 @@ class GetStream {
   void send(std::span<const std::string> keys);
   ValueReply receive();  // the reply to the oldest GET outstanding; blocks until it arrives
   size_t outstanding() const { return outstanding_; }
+  // Bytes of a reply already read from the socket: receive() will not wait for the network.
+  bool buffered() const { return !reader_->drained(); }
+  int fd() const;  // the socket, to poll() several streams
 
  private:
   Connection& connection_;

@@ -11,7 +11,7 @@
 #include "src/catalog/dataset.h"
 #include "src/catalog/manifest.h"
 #include "src/catalog/names.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 #include "tests/unit/support/test_redis.h"
 
 namespace dsfs::catalog {
@@ -25,8 +25,8 @@ class DamagedDatasetTest : public ::testing::Test {
   static void SetUpTestSuite() { server_ = std::make_unique<test::TestRedisServer>(); }
   static void TearDownTestSuite() { server_.reset(); }
   void SetUp() override {
-    conn_ = std::make_unique<store::Connection>(server_->endpoint());
-    conn_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
+    client_ = std::make_unique<store::Client>(std::vector{server_->endpoint()});
+    client_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
   }
 
   // Publishes a two-file dataset (objects written as ingest would) and returns its info.
@@ -38,21 +38,21 @@ class DamagedDatasetTest : public ::testing::Test {
     const Catalog catalog = std::move(builder).build();
     DatasetInfo info;
     info.name = name;
-    info.generation = begin_generation(*conn_, keys_, name);
+    info.generation = begin_generation(*client_, keys_, name);
     for (uint32_t i = 0; i < catalog.entry_count(); ++i) {
       const CatalogEntry& entry = catalog.entry(i);
       if (entry.is_dir) continue;
-      conn_
+      client_
           ->command({"SET", keys_.object(name, info.generation, entry.object_id),
                      std::string(entry.size, 'x')})
           .expect_ok("SET");
     }
-    publish(*conn_, keys_, info, catalog);
+    publish(*client_, keys_, info, catalog);
     return info;
   }
 
   void command(std::initializer_list<std::string_view> argv) {
-    conn_->command(argv).expect_ok("damage");
+    client_->command(argv).expect_ok("damage");
   }
 
   // The listing's entry for `name`; fails the test if it is missing.
@@ -65,7 +65,7 @@ class DamagedDatasetTest : public ::testing::Test {
   }
 
   static inline std::unique_ptr<test::TestRedisServer> server_;
-  std::unique_ptr<store::Connection> conn_;
+  std::unique_ptr<store::Client> client_;
   KeySchema keys_{"dsfs"};
 };
 
@@ -74,7 +74,7 @@ TEST_F(DamagedDatasetTest, AnInfoKeyOfAnotherTypeIsNamedAsDamaged) {
   command({"DEL", keys_.info("bad")});
   command({"SET", keys_.info("bad"), "not a hash"});
   try {
-    read_info(*conn_, keys_, "bad");
+    read_info(*client_, keys_, "bad");
     FAIL() << "read_info accepted a string as the info hash";
   } catch (const DatasetDamaged& e) {
     EXPECT_THAT(e.what(), HasSubstr("dataset 'bad'"));
@@ -87,7 +87,7 @@ TEST_F(DamagedDatasetTest, ACorruptFieldIsNamedAndItsBytesEscaped) {
   publish_sample("bad");
   command({"HSET", keys_.info("bad"), "file_count", "12\x1b[2Jx"});
   try {
-    read_info(*conn_, keys_, "bad");
+    read_info(*client_, keys_, "bad");
     FAIL() << "read_info accepted a corrupt file_count";
   } catch (const DatasetDamaged& e) {
     EXPECT_THAT(e.what(), HasSubstr("field 'file_count' is '12\\x1b[2Jx', not a number"));
@@ -107,7 +107,7 @@ TEST_F(DamagedDatasetTest, TheListingReportsEachDamageBesideTheHealthyDatasets) 
   command({"SADD", keys_.datasets(), "bad name"});
   command({"HSET", keys_.info("bad name"), "generation", "1"});
 
-  const std::vector<DatasetStatus> statuses = list_dataset_status(*conn_, keys_);
+  const std::vector<DatasetStatus> statuses = list_dataset_status(*client_, keys_);
   ASSERT_EQ(statuses.size(), 5u);
   const DatasetStatus good = status_of(statuses, "good");
   ASSERT_TRUE(good.info.has_value()) << good.damage;
@@ -136,9 +136,9 @@ TEST_F(DamagedDatasetTest, RemoveDeletesADamagedDatasetAndEveryKeyOfIt) {
   command({"SET", keys_.info("bad"), "garbage"});
   command({"DEL", keys_.readers("bad")});
   command({"SET", keys_.readers("bad"), "garbage"});
-  EXPECT_GT(remove_dataset(*conn_, keys_, "bad"), 0u);
-  EXPECT_EQ(conn_->command({"KEYS", "*bad*"}).size(), 0u);
-  const std::vector<DatasetStatus> statuses = list_dataset_status(*conn_, keys_);
+  EXPECT_GT(remove_dataset(*client_, keys_, "bad"), 0u);
+  EXPECT_EQ(client_->command({"KEYS", "*bad*"}).size(), 0u);
+  const std::vector<DatasetStatus> statuses = list_dataset_status(*client_, keys_);
   ASSERT_EQ(statuses.size(), 1u);
   EXPECT_EQ(statuses[0].name, "good");
   EXPECT_TRUE(statuses[0].info.has_value());
@@ -160,8 +160,8 @@ TEST(DatasetNames, ReservedNamesAreRefusedForNewDatasetsOnly) {
 }
 
 TEST_F(DamagedDatasetTest, BeginGenerationRefusesAReservedName) {
-  EXPECT_THROW(begin_generation(*conn_, keys_, ".views"), std::invalid_argument);
-  EXPECT_EQ(conn_->command({"KEYS", "*"}).size(), 0u);
+  EXPECT_THROW(begin_generation(*client_, keys_, ".views"), std::invalid_argument);
+  EXPECT_EQ(client_->command({"KEYS", "*"}).size(), 0u);
 }
 
 }  // namespace

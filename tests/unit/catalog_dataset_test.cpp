@@ -12,7 +12,7 @@
 
 #include "src/catalog/dataset.h"
 #include "src/catalog/manifest.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 #include "src/store/errors.h"
 #include "tests/unit/support/test_redis.h"
 
@@ -29,8 +29,8 @@ class DatasetTest : public ::testing::Test {
   static void SetUpTestSuite() { server_ = std::make_unique<test::TestRedisServer>(); }
   static void TearDownTestSuite() { server_.reset(); }
   void SetUp() override {
-    conn_ = std::make_unique<store::Connection>(server_->endpoint());
-    conn_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
+    client_ = std::make_unique<store::Client>(std::vector{server_->endpoint()});
+    client_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
   }
 
   // Writes one object per file of `catalog` under generation `gen`, as ingest would.
@@ -40,10 +40,10 @@ class DatasetTest : public ::testing::Test {
       if (e.is_dir) continue;
       const std::string body(e.size, 'x');
       if (catalog.chunk_count(i) == 1) {
-        conn_->command({"SET", keys_.object(name, gen, e.object_id), body}).expect_ok("SET");
+        client_->command({"SET", keys_.object(name, gen, e.object_id), body}).expect_ok("SET");
       } else {
         for (uint64_t k = 0; k < catalog.chunk_count(i); ++k) {
-          conn_->command({"SET", keys_.object_chunk(name, gen, e.object_id, k), "c"})
+          client_->command({"SET", keys_.object_chunk(name, gen, e.object_id, k), "c"})
               .expect_ok("SET");
         }
       }
@@ -55,18 +55,18 @@ class DatasetTest : public ::testing::Test {
     DatasetInfo info;
     info.name = name;
     info.source = "/data/" + name;
-    info.generation = begin_generation(*conn_, keys_, name);
+    info.generation = begin_generation(*client_, keys_, name);
     write_objects(name, info.generation, catalog);
-    publish(*conn_, keys_, info, catalog);
+    publish(*client_, keys_, info, catalog);
     return info;
   }
 
   long long count_keys(const std::string& pattern) {
-    return static_cast<long long>(conn_->command({"KEYS", pattern}).size());
+    return static_cast<long long>(client_->command({"KEYS", pattern}).size());
   }
 
   static inline std::unique_ptr<test::TestRedisServer> server_;
-  std::unique_ptr<store::Connection> conn_;
+  std::unique_ptr<store::Client> client_;
   KeySchema keys_{"dsfs"};
 };
 
@@ -81,49 +81,49 @@ Catalog sample_catalog(int variant, uint64_t chunk_size = 1000) {
 }
 
 TEST_F(DatasetTest, ListIsEmptyAndUnknownDatasetIsNotFound) {
-  EXPECT_TRUE(list_datasets(*conn_, keys_).empty());
+  EXPECT_TRUE(list_datasets(*client_, keys_).empty());
   try {
-    read_info(*conn_, keys_, "nope");
+    read_info(*client_, keys_, "nope");
     FAIL() << "expected DatasetNotFound";
   } catch (const DatasetNotFound& e) {
     EXPECT_THAT(e.what(), HasSubstr("'nope'"));
     EXPECT_THAT(e.what(), HasSubstr("namespace 'dsfs'"));
     EXPECT_THAT(e.what(), HasSubstr("dsfs list"));
   }
-  EXPECT_THROW(read_info(*conn_, keys_, "bad name"), std::invalid_argument);
-  EXPECT_THROW(remove_dataset(*conn_, keys_, "nope"), DatasetNotFound);
-  EXPECT_THROW(collect_garbage(*conn_, keys_, "nope"), DatasetNotFound);
+  EXPECT_THROW(read_info(*client_, keys_, "bad name"), std::invalid_argument);
+  EXPECT_THROW(remove_dataset(*client_, keys_, "nope"), DatasetNotFound);
+  EXPECT_THROW(collect_garbage(*client_, keys_, "nope"), DatasetNotFound);
 }
 
 TEST_F(DatasetTest, GenerationsAreFreshAndRecorded) {
-  EXPECT_EQ(begin_generation(*conn_, keys_, "ds"), 1u);
-  EXPECT_EQ(begin_generation(*conn_, keys_, "ds"), 2u);
-  EXPECT_EQ(begin_generation(*conn_, keys_, "other"), 1u);
-  const store::Reply gens = conn_->command({"SMEMBERS", keys_.generations("ds")});
+  EXPECT_EQ(begin_generation(*client_, keys_, "ds"), 1u);
+  EXPECT_EQ(begin_generation(*client_, keys_, "ds"), 2u);
+  EXPECT_EQ(begin_generation(*client_, keys_, "other"), 1u);
+  const store::Reply gens = client_->command({"SMEMBERS", keys_.generations("ds")});
   std::set<std::string> members;
   for (size_t i = 0; i < gens.size(); ++i)
     members.emplace(store::Reply::element_str(gens.element(i)));
   EXPECT_EQ(members, (std::set<std::string>{"1", "2"}));
-  EXPECT_THROW(begin_generation(*conn_, keys_, "a:b"), std::invalid_argument);
+  EXPECT_THROW(begin_generation(*client_, keys_, "a:b"), std::invalid_argument);
 }
 
 // The name joins the datasets set before anything is written, so a crash between the info flip
 // and the end of publish cannot leave a published dataset out of `dsfs list` and mounts; until
 // its info exists, list_datasets does not show it.
 TEST_F(DatasetTest, NameIsRecordedAtBeginButListedOnlyOncePublished) {
-  begin_generation(*conn_, keys_, "ds");
-  EXPECT_EQ(conn_->command({"SISMEMBER", keys_.datasets(), "ds"}).integer(), 1);
-  EXPECT_TRUE(list_datasets(*conn_, keys_).empty());
+  begin_generation(*client_, keys_, "ds");
+  EXPECT_EQ(client_->command({"SISMEMBER", keys_.datasets(), "ds"}).integer(), 1);
+  EXPECT_TRUE(list_datasets(*client_, keys_).empty());
   ingest("ds", sample_catalog(1));
-  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("ds"));
+  EXPECT_THAT(list_datasets(*client_, keys_), ElementsAre("ds"));
 }
 
 TEST_F(DatasetTest, PublishThenLoadRoundTrips) {
   const Catalog catalog = sample_catalog(1);
   const DatasetInfo published = ingest("ds", catalog);
-  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("ds"));
+  EXPECT_THAT(list_datasets(*client_, keys_), ElementsAre("ds"));
 
-  const DatasetInfo info = read_info(*conn_, keys_, "ds");
+  const DatasetInfo info = read_info(*client_, keys_, "ds");
   EXPECT_EQ(info.name, "ds");
   EXPECT_EQ(info.schema_version, kSchemaVersion);
   EXPECT_EQ(info.generation, published.generation);
@@ -139,11 +139,11 @@ TEST_F(DatasetTest, PublishThenLoadRoundTrips) {
   EXPECT_EQ(info.manifest_bytes, encode_manifest(catalog).size());
   EXPECT_EQ(info.manifest_xxh64, published.manifest_xxh64);
 
-  const auto loaded = load_catalog(*conn_, keys_, info);
+  const auto loaded = load_catalog(*client_, keys_, info);
   EXPECT_EQ(encode_manifest(*loaded), encode_manifest(catalog));
   EXPECT_EQ(loaded->metadata(*loaded->find("dog/2.jpg")), R"({"v":1})");
-  // The connection is still in step after all that pipelining.
-  EXPECT_EQ(conn_->command({"PING"}).str(), "PONG");
+  // The client's connections are still in step after all that pipelining.
+  EXPECT_EQ(client_->command({"PING"}).str(), "PONG");
 }
 
 TEST_F(DatasetTest, LargeManifestIsSplitIntoChunks) {
@@ -153,67 +153,67 @@ TEST_F(DatasetTest, LargeManifestIsSplitIntoChunks) {
   b.add_file("small", 1, 0, 0644, 2, kNoLabel, 0, "");
   const Catalog catalog = std::move(b).build();
   ingest("big", catalog);
-  const DatasetInfo info = read_info(*conn_, keys_, "big");
+  const DatasetInfo info = read_info(*client_, keys_, "big");
   EXPECT_EQ(info.manifest_chunks, 2u);
-  EXPECT_EQ(conn_->command({"STRLEN", keys_.manifest_chunk("big", info.generation, 0)}).integer(),
+  EXPECT_EQ(client_->command({"STRLEN", keys_.manifest_chunk("big", info.generation, 0)}).integer(),
             static_cast<long long>(kManifestChunkSize));
-  const auto loaded = load_catalog(*conn_, keys_, info);
+  const auto loaded = load_catalog(*client_, keys_, info);
   EXPECT_EQ(loaded->metadata(*loaded->find("big-meta")).size(), blob.size() + 11);
 }
 
 TEST_F(DatasetTest, LoadRejectsMissingShortLongAndCorruptManifests) {
   ingest("ds", sample_catalog(1));
-  const DatasetInfo info = read_info(*conn_, keys_, "ds");
+  const DatasetInfo info = read_info(*client_, keys_, "ds");
   const std::string chunk = keys_.manifest_chunk("ds", info.generation, 0);
-  const std::string original(conn_->command({"GET", chunk}).str());
+  const std::string original(client_->command({"GET", chunk}).str());
 
-  conn_->command({"SETRANGE", chunk, "40", "\x7f"});
-  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+  client_->command({"SETRANGE", chunk, "40", "\x7f"});
+  EXPECT_THAT([&] { load_catalog(*client_, keys_, info); },
               testing::ThrowsMessage<ManifestError>(HasSubstr("xxh64")));
-  conn_->command({"APPEND", chunk, "zz"});
-  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+  client_->command({"APPEND", chunk, "zz"});
+  EXPECT_THAT([&] { load_catalog(*client_, keys_, info); },
               testing::ThrowsMessage<ManifestError>(HasSubstr("bytes")));
-  conn_->command({"SET", chunk, original.substr(0, original.size() - 1)});
-  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+  client_->command({"SET", chunk, original.substr(0, original.size() - 1)});
+  EXPECT_THAT([&] { load_catalog(*client_, keys_, info); },
               testing::ThrowsMessage<ManifestError>(HasSubstr("bytes")));
-  conn_->command({"DEL", chunk});
-  EXPECT_THAT([&] { load_catalog(*conn_, keys_, info); },
+  client_->command({"DEL", chunk});
+  EXPECT_THAT([&] { load_catalog(*client_, keys_, info); },
               testing::ThrowsMessage<ManifestError>(HasSubstr("missing")));
   DatasetInfo absurd = info;
   absurd.manifest_chunks = 1ull << 40;
-  EXPECT_THROW(load_catalog(*conn_, keys_, absurd), ManifestError);
-  EXPECT_EQ(conn_->command({"PING"}).str(), "PONG");
+  EXPECT_THROW(load_catalog(*client_, keys_, absurd), ManifestError);
+  EXPECT_EQ(client_->command({"PING"}).str(), "PONG");
 }
 
 TEST_F(DatasetTest, ReadInfoRejectsCorruptAndNewerHashes) {
   ingest("ds", sample_catalog(1));
   const std::string key = keys_.info("ds");
-  conn_->command({"HSET", key, "schema_version", "2"});
-  EXPECT_THAT([&] { read_info(*conn_, keys_, "ds"); },
+  client_->command({"HSET", key, "schema_version", "2"});
+  EXPECT_THAT([&] { read_info(*client_, keys_, "ds"); },
               testing::ThrowsMessage<std::runtime_error>(HasSubstr("upgrade dsfs")));
-  conn_->command({"HSET", key, "schema_version", "1"});
-  conn_->command({"HSET", key, "generation", "abc"});
-  EXPECT_THAT([&] { read_info(*conn_, keys_, "ds"); },
+  client_->command({"HSET", key, "schema_version", "1"});
+  client_->command({"HSET", key, "generation", "abc"});
+  EXPECT_THAT([&] { read_info(*client_, keys_, "ds"); },
               testing::ThrowsMessage<std::runtime_error>(HasSubstr("'generation'")));
-  conn_->command({"HSET", key, "generation", "1"});
-  conn_->command({"HDEL", key, "manifest_xxh64"});
-  EXPECT_THAT([&] { read_info(*conn_, keys_, "ds"); },
+  client_->command({"HSET", key, "generation", "1"});
+  client_->command({"HDEL", key, "manifest_xxh64"});
+  EXPECT_THAT([&] { read_info(*client_, keys_, "ds"); },
               testing::ThrowsMessage<std::runtime_error>(HasSubstr("manifest_xxh64")));
-  conn_->command({"DEL", key});
-  conn_->command({"SET", key, "not a hash"});
+  client_->command({"DEL", key});
+  client_->command({"SET", key, "not a hash"});
   // Damage, not a Redis failure: listing and mounting all datasets skip it (issue 11).
-  EXPECT_THROW(read_info(*conn_, keys_, "ds"), DatasetDamaged);
+  EXPECT_THROW(read_info(*client_, keys_, "ds"), DatasetDamaged);
 }
 
 TEST_F(DatasetTest, RepublishFlipsToTheNewGenerationAndRemembersThePrevious) {
   const DatasetInfo first = ingest("ds", sample_catalog(1));
   const DatasetInfo second = ingest("ds", sample_catalog(2));
   EXPECT_GT(second.generation, first.generation);
-  const DatasetInfo info = read_info(*conn_, keys_, "ds");
+  const DatasetInfo info = read_info(*client_, keys_, "ds");
   EXPECT_EQ(info.generation, second.generation);
   EXPECT_EQ(info.previous_generation, first.generation);
   EXPECT_EQ(info.file_count, 4u);
-  EXPECT_TRUE(load_catalog(*conn_, keys_, info)->find("cat/extra.jpg"));
+  EXPECT_TRUE(load_catalog(*client_, keys_, info)->find("cat/extra.jpg"));
   // The old snapshot is still loadable until collected.
   DatasetInfo old = info;
   old.generation = first.generation;
@@ -222,21 +222,21 @@ TEST_F(DatasetTest, RepublishFlipsToTheNewGenerationAndRemembersThePrevious) {
   old.manifest_xxh64 = first.manifest_xxh64;
   old.file_count = first.file_count;
   old.total_bytes = first.total_bytes;
-  EXPECT_FALSE(load_catalog(*conn_, keys_, old)->find("cat/extra.jpg"));
-  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("ds"));
+  EXPECT_FALSE(load_catalog(*client_, keys_, old)->find("cat/extra.jpg"));
+  EXPECT_THAT(list_datasets(*client_, keys_), ElementsAre("ds"));
 }
 
 TEST_F(DatasetTest, PublishNeverGoesBackToAnOlderGeneration) {
   DatasetInfo slow;
   slow.name = "ds";
-  slow.generation = begin_generation(*conn_, keys_, "ds");
+  slow.generation = begin_generation(*client_, keys_, "ds");
   const DatasetInfo fast = ingest("ds", sample_catalog(2));
-  EXPECT_THAT([&] { publish(*conn_, keys_, slow, sample_catalog(1)); },
+  EXPECT_THAT([&] { publish(*client_, keys_, slow, sample_catalog(1)); },
               testing::ThrowsMessage<std::runtime_error>(HasSubstr("newer")));
-  EXPECT_EQ(read_info(*conn_, keys_, "ds").generation, fast.generation);
+  EXPECT_EQ(read_info(*client_, keys_, "ds").generation, fast.generation);
   DatasetInfo none;
   none.name = "ds";
-  EXPECT_THROW(publish(*conn_, keys_, none, sample_catalog(1)), std::invalid_argument);
+  EXPECT_THROW(publish(*client_, keys_, none, sample_catalog(1)), std::invalid_argument);
 }
 
 // sample_catalog(1) with chunk size 1000 stores 5 object keys (101 B, 2500 B in 3 chunks, 0 B)
@@ -253,34 +253,36 @@ TEST_F(DatasetTest, GarbageCollectionKeepsCurrentAndPreviousPublished) {
                                    count_keys("dsfs:d:*") + count_keys("dsfs:{d}:*");
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
 
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1),
+            static_cast<uint64_t>(kSampleObjectKeys + 1));
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
   EXPECT_EQ(count_keys(keys_.generation_manifest_pattern("ds", g1.generation)), 0);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), kSampleObjectKeys);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), kSampleObjectKeys);
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), 0u);  // nothing left to do
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1), 0u);  // nothing left to do
 
   // A failed ingest (objects, no manifest) between two published generations, and one still
   // running beyond the current one.
-  const uint64_t failed = begin_generation(*conn_, keys_, "ds");
+  const uint64_t failed = begin_generation(*client_, keys_, "ds");
   write_objects("ds", failed, sample_catalog(1));
   const DatasetInfo g5 = ingest("ds", sample_catalog(1));
-  const uint64_t running = begin_generation(*conn_, keys_, "ds");
+  const uint64_t running = begin_generation(*client_, keys_, "ds");
   write_objects("ds", running, sample_catalog(1));
 
   // Kept: g5 (current) and g3 (the newest published before it); collected: g2 and the failure.
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1),
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1),
             static_cast<uint64_t>(kSampleObjectKeys + 1 + kSampleObjectKeys));
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), 0);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", failed)), 0);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), kSampleObjectKeys);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g5.generation)), kSampleObjectKeys);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", running)), kSampleObjectKeys);
-  EXPECT_EQ(conn_->command({"SCARD", keys_.generations("ds")}).integer(), 3);
+  EXPECT_EQ(client_->command({"SCARD", keys_.generations("ds")}).integer(), 3);
 
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 0), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 0),
+            static_cast<uint64_t>(kSampleObjectKeys + 1));
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), 0);
-  EXPECT_TRUE(load_catalog(*conn_, keys_, read_info(*conn_, keys_, "ds")));
+  EXPECT_TRUE(load_catalog(*client_, keys_, read_info(*client_, keys_, "ds")));
   EXPECT_EQ(count_keys("dsfs:ds2:*") + count_keys("dsfs:{ds2}:*") + count_keys("dsfs:d:*") +
                 count_keys("dsfs:{d}:*"),
             neighbour_keys);
@@ -288,78 +290,80 @@ TEST_F(DatasetTest, GarbageCollectionKeepsCurrentAndPreviousPublished) {
 
 TEST_F(DatasetTest, PinnedGenerationSurvivesGarbageCollection) {
   const DatasetInfo g1 = ingest("ds", sample_catalog(1));
-  EXPECT_TRUE(pin_generation(*conn_, keys_, "ds", "mount-a", g1.generation, 60s));
-  EXPECT_FALSE(pin_generation(*conn_, keys_, "ds", "mount-a", g1.generation, 60s));  // refresh
+  EXPECT_TRUE(pin_generation(*client_, keys_, "ds", "mount-a", g1.generation, 60s));
+  EXPECT_FALSE(pin_generation(*client_, keys_, "ds", "mount-a", g1.generation, 60s));  // refresh
   const DatasetInfo g2 = ingest("ds", sample_catalog(2));
   const DatasetInfo g3 = ingest("ds", sample_catalog(1));
-  EXPECT_EQ(pinned_generations(*conn_, keys_, "ds"), std::set<uint64_t>{g1.generation});
+  EXPECT_EQ(pinned_generations(*client_, keys_, "ds"), std::set<uint64_t>{g1.generation});
 
   // g1 is two generations old, beyond keep_previous, but pinned; g2 is the kept previous one.
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), 0u);
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1), 0u);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
   EXPECT_EQ(count_keys(keys_.generation_manifest_pattern("ds", g1.generation)), 1);
   // A pinned generation does not count as one of the kept previous ones.
-  EXPECT_GT(collect_garbage(*conn_, keys_, "ds", 0), 0u);
+  EXPECT_GT(collect_garbage(*client_, keys_, "ds", 0), 0u);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), 0);
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
-  DatasetInfo old = read_info(*conn_, keys_, "ds");
+  DatasetInfo old = read_info(*client_, keys_, "ds");
   old.generation = g1.generation;
   old.manifest_chunks = g1.manifest_chunks;
   old.manifest_bytes = g1.manifest_bytes;
   old.manifest_xxh64 = g1.manifest_xxh64;
   old.file_count = g1.file_count;
   old.total_bytes = g1.total_bytes;
-  EXPECT_TRUE(load_catalog(*conn_, keys_, old));  // the pinned snapshot still loads
-  EXPECT_EQ(read_info(*conn_, keys_, "ds").generation, g3.generation);
+  EXPECT_TRUE(load_catalog(*client_, keys_, old));  // the pinned snapshot still loads
+  EXPECT_EQ(read_info(*client_, keys_, "ds").generation, g3.generation);
 }
 
 TEST_F(DatasetTest, ExpiredLeaseDoesNotPin) {
   const DatasetInfo g1 = ingest("ds", sample_catalog(1));
-  pin_generation(*conn_, keys_, "ds", "crashed-mount", g1.generation, 50ms);
+  pin_generation(*client_, keys_, "ds", "crashed-mount", g1.generation, 50ms);
   ingest("ds", sample_catalog(2));
   ingest("ds", sample_catalog(1));
   std::this_thread::sleep_for(150ms);  // Redis's clock decides; it is the same host's here
-  EXPECT_TRUE(pinned_generations(*conn_, keys_, "ds").empty());
-  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);  // dropped
+  EXPECT_TRUE(pinned_generations(*client_, keys_, "ds").empty());
+  EXPECT_EQ(client_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);  // dropped
 
-  pin_generation(*conn_, keys_, "ds", "crashed-mount", g1.generation, 50ms);
+  pin_generation(*client_, keys_, "ds", "crashed-mount", g1.generation, 50ms);
   std::this_thread::sleep_for(150ms);
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1),
+            static_cast<uint64_t>(kSampleObjectKeys + 1));
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
-  EXPECT_EQ(conn_->command({"ZCARD", keys_.readers("ds")}).integer(), 0);
+  EXPECT_EQ(client_->command({"ZCARD", keys_.readers("ds")}).integer(), 0);
   // Refreshing after the lease was dropped says so: the generation may be gone.
-  EXPECT_TRUE(pin_generation(*conn_, keys_, "ds", "crashed-mount", g1.generation, 60s));
+  EXPECT_TRUE(pin_generation(*client_, keys_, "ds", "crashed-mount", g1.generation, 60s));
 }
 
 TEST_F(DatasetTest, UnpinReleasesTheGeneration) {
   const DatasetInfo g1 = ingest("ds", sample_catalog(1));
-  pin_generation(*conn_, keys_, "ds", "mount-a", g1.generation, 60s);
-  pin_generation(*conn_, keys_, "ds", "mount-b", g1.generation, 60s);
+  pin_generation(*client_, keys_, "ds", "mount-a", g1.generation, 60s);
+  pin_generation(*client_, keys_, "ds", "mount-b", g1.generation, 60s);
   ingest("ds", sample_catalog(2));
   ingest("ds", sample_catalog(1));
 
-  unpin_generation(*conn_, keys_, "ds", "mount-a", g1.generation);
-  unpin_generation(*conn_, keys_, "ds", "mount-a", g1.generation);  // twice: no error
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), 0u);           // mount-b still holds it
-  unpin_generation(*conn_, keys_, "ds", "mount-b", g1.generation);
-  EXPECT_EQ(collect_garbage(*conn_, keys_, "ds", 1), static_cast<uint64_t>(kSampleObjectKeys + 1));
+  unpin_generation(*client_, keys_, "ds", "mount-a", g1.generation);
+  unpin_generation(*client_, keys_, "ds", "mount-a", g1.generation);  // twice: no error
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1), 0u);           // mount-b still holds it
+  unpin_generation(*client_, keys_, "ds", "mount-b", g1.generation);
+  EXPECT_EQ(collect_garbage(*client_, keys_, "ds", 1),
+            static_cast<uint64_t>(kSampleObjectKeys + 1));
   EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
-  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);
+  EXPECT_EQ(client_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);
 }
 
 TEST_F(DatasetTest, PinCurrentGenerationPinsWhatItReturns) {
   ingest("ds", sample_catalog(1));
   const DatasetInfo g2 = ingest("ds", sample_catalog(2));
   const std::string reader = make_reader_id();
-  const DatasetInfo pinned = pin_current_generation(*conn_, keys_, "ds", reader, 60s);
+  const DatasetInfo pinned = pin_current_generation(*client_, keys_, "ds", reader, 60s);
   EXPECT_EQ(pinned.generation, g2.generation);
   EXPECT_EQ(pinned.file_count, 4u);
-  const store::Reply members = conn_->command({"ZRANGE", keys_.readers("ds"), "0", "-1"});
+  const store::Reply members = client_->command({"ZRANGE", keys_.readers("ds"), "0", "-1"});
   ASSERT_EQ(members.size(), 1u);
   EXPECT_EQ(store::Reply::element_str(members.element(0)),
             std::to_string(g2.generation) + ":" + reader);
-  EXPECT_THROW(pin_current_generation(*conn_, keys_, "nope", reader, 60s), DatasetNotFound);
-  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("nope")}).integer(), 0);
+  EXPECT_THROW(pin_current_generation(*client_, keys_, "nope", reader, 60s), DatasetNotFound);
+  EXPECT_EQ(client_->command({"EXISTS", keys_.readers("nope")}).integer(), 0);
 }
 
 TEST_F(DatasetTest, LeaseArgumentsAndStrangeMembers) {
@@ -367,20 +371,20 @@ TEST_F(DatasetTest, LeaseArgumentsAndStrangeMembers) {
   const std::string b = make_reader_id();
   EXPECT_NE(a, b);
   EXPECT_THAT(a, HasSubstr(":" + std::to_string(::getpid()) + ":"));
-  EXPECT_THROW(pin_generation(*conn_, keys_, "ds", "", 1, 60s), std::invalid_argument);
-  EXPECT_THROW(pin_generation(*conn_, keys_, "ds", "r", 1, 0s), std::invalid_argument);
-  EXPECT_THROW(pin_generation(*conn_, keys_, "a:b", "r", 1, 60s), std::invalid_argument);
+  EXPECT_THROW(pin_generation(*client_, keys_, "ds", "", 1, 60s), std::invalid_argument);
+  EXPECT_THROW(pin_generation(*client_, keys_, "ds", "r", 1, 0s), std::invalid_argument);
+  EXPECT_THROW(pin_generation(*client_, keys_, "a:b", "r", 1, 60s), std::invalid_argument);
   // Members that are not GEN:READER (written by hand) are ignored, not fatal.
-  conn_->command({"ZADD", keys_.readers("ds"), "+inf", "junk"});
-  pin_generation(*conn_, keys_, "ds", "r", 7, 60s);
-  EXPECT_EQ(pinned_generations(*conn_, keys_, "ds"), std::set<uint64_t>{7});
+  client_->command({"ZADD", keys_.readers("ds"), "+inf", "junk"});
+  pin_generation(*client_, keys_, "ds", "r", 7, 60s);
+  EXPECT_EQ(pinned_generations(*client_, keys_, "ds"), std::set<uint64_t>{7});
 }
 
 TEST_F(DatasetTest, RemoveDeletesEveryKeyOfTheDatasetOnly) {
   ingest("ds", sample_catalog(1));
   ingest("ds", sample_catalog(2));
-  pin_generation(*conn_, keys_, "ds", "mount-a", 1, 60s);  // rm removes leases too
-  const uint64_t failed = begin_generation(*conn_, keys_, "ds");
+  pin_generation(*client_, keys_, "ds", "mount-a", 1, 60s);  // rm removes leases too
+  const uint64_t failed = begin_generation(*client_, keys_, "ds");
   write_objects("ds", failed, sample_catalog(1));
   ingest("ds2", sample_catalog(1));
   ingest("d", sample_catalog(1));
@@ -389,35 +393,36 @@ TEST_F(DatasetTest, RemoveDeletesEveryKeyOfTheDatasetOnly) {
 
   std::vector<uint64_t> reported;
   const uint64_t deleted =
-      remove_dataset(*conn_, keys_, "ds", [&](uint64_t n) { reported.push_back(n); });
+      remove_dataset(*client_, keys_, "ds", [&](uint64_t n) { reported.push_back(n); });
   EXPECT_EQ(static_cast<long long>(deleted), ds_keys);
   ASSERT_FALSE(reported.empty());
   EXPECT_EQ(reported.back(), deleted);
   EXPECT_TRUE(std::is_sorted(reported.begin(), reported.end()));
   EXPECT_EQ(count_keys("dsfs:ds:*") + count_keys("dsfs:{ds}:*"), 0);
-  EXPECT_EQ(conn_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);
+  EXPECT_EQ(client_->command({"EXISTS", keys_.readers("ds")}).integer(), 0);
   EXPECT_EQ(count_keys("*"), total_before - ds_keys);
-  EXPECT_THAT(list_datasets(*conn_, keys_), ElementsAre("d", "ds2"));
-  EXPECT_THROW(read_info(*conn_, keys_, "ds"), DatasetNotFound);
-  EXPECT_THROW(remove_dataset(*conn_, keys_, "ds"), DatasetNotFound);
-  EXPECT_TRUE(load_catalog(*conn_, keys_, read_info(*conn_, keys_, "ds2")));
+  EXPECT_THAT(list_datasets(*client_, keys_), ElementsAre("d", "ds2"));
+  EXPECT_THROW(read_info(*client_, keys_, "ds"), DatasetNotFound);
+  EXPECT_THROW(remove_dataset(*client_, keys_, "ds"), DatasetNotFound);
+  EXPECT_TRUE(load_catalog(*client_, keys_, read_info(*client_, keys_, "ds2")));
 }
 
 TEST_F(DatasetTest, RemoveCleansUpAnIngestThatNeverPublished) {
-  const uint64_t gen = begin_generation(*conn_, keys_, "orphan");
+  const uint64_t gen = begin_generation(*client_, keys_, "orphan");
   write_objects("orphan", gen, sample_catalog(1));
-  EXPECT_EQ(remove_dataset(*conn_, keys_, "orphan"), static_cast<uint64_t>(kSampleObjectKeys + 2));
+  EXPECT_EQ(remove_dataset(*client_, keys_, "orphan"),
+            static_cast<uint64_t>(kSampleObjectKeys + 2));
   EXPECT_EQ(count_keys("*"), 0);
 }
 
 TEST_F(DatasetTest, RemoveCanBeRerunAfterAnInterruption) {
   ingest("ds", sample_catalog(1));
   // As if an earlier rm stopped after deleting the objects and the datasets entry.
-  conn_->command({"EVAL",
-                  "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end", "0",
-                  keys_.dataset_objects_pattern("ds")});
-  conn_->command({"SREM", keys_.datasets(), "ds"});
-  EXPECT_GT(remove_dataset(*conn_, keys_, "ds"), 0u);
+  client_->command({"EVAL",
+                    "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
+                    "0", keys_.dataset_objects_pattern("ds")});
+  client_->command({"SREM", keys_.datasets(), "ds"});
+  EXPECT_GT(remove_dataset(*client_, keys_, "ds"), 0u);
   EXPECT_EQ(count_keys("*"), 0);
 }
 

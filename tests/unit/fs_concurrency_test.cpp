@@ -15,6 +15,7 @@
 #include "fs/inodes.h"
 #include "fs/mount.h"
 #include "src/catalog/catalog.h"
+#include "src/store/client.h"
 #include "tests/unit/support/files.h"
 
 namespace dsfs::fs {
@@ -24,7 +25,7 @@ using namespace std::chrono_literals;
 namespace stdfs = std::filesystem;
 
 // A mount of one tiny dataset. Nothing here reads file contents, so no Redis is needed: the
-// connection pool only connects on a file read.
+// client connects only on a file read.
 class FsReview : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -41,7 +42,9 @@ class FsReview : public ::testing::Test {
     options.session.mountpoint = dir_.path() / "mnt";
     options.session.threads = 8;
     stdfs::create_directories(options.session.mountpoint);
-    mount_ = std::make_unique<Mount>(nowhere, std::vector{std::move(d)}, options);
+    mount_ = std::make_unique<Mount>(
+        std::make_shared<store::Client>(std::vector{nowhere}, client_options(options.filesystem)),
+        std::vector{std::move(d)}, options);
   }
 
   test::TempDir dir_{"dsfs-fs-concurrency"};

@@ -182,17 +182,22 @@ TEST(Filesystem, DefaultCacheSizeIsBounded) {
   EXPECT_LE(bytes, 1ull << 30);
 }
 
+// A client that is never used: building a Filesystem connects to nothing.
+std::shared_ptr<store::Client> unused_client() {
+  return std::make_shared<store::Client>(std::vector<store::RedisEndpoint>{store::RedisEndpoint{}});
+}
+
 TEST(Filesystem, RejectsDatasetsThatWouldHideTheVirtualDirectories) {
   prefetch::DatasetSnapshot snapshot;
   snapshot.catalog = sample_catalog();
   for (const char* name : {".meta", ".dsfs", ".views"}) {
     snapshot.info.name = name;
-    EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot}, FilesystemOptions{}),
+    EXPECT_THROW(Filesystem(unused_client(), {snapshot}, FilesystemOptions{}),
                  std::invalid_argument)
         << name;
   }
   snapshot.info.name = "twice";
-  EXPECT_THROW(Filesystem(store::RedisEndpoint{}, {snapshot, snapshot}, FilesystemOptions{}),
+  EXPECT_THROW(Filesystem(unused_client(), {snapshot, snapshot}, FilesystemOptions{}),
                std::invalid_argument);
 }
 

@@ -27,6 +27,7 @@
 #include "src/catalog/catalog.h"
 #include "src/catalog/dataset.h"
 #include "src/catalog/keys.h"
+#include "src/store/client.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "tests/unit/support/files.h"
@@ -93,7 +94,7 @@ class MountTest : public ::testing::Test {
     // Persistent: the outage tests stop and restart it and expect the dataset still there.
     redis_ = std::make_unique<test::TestRedisServer>(test::TestRedisOptions{.persist = true});
     publish_dataset();
-    snapshots_ = load_datasets(redis_->endpoint(), catalog::KeySchema("dsfs"), {kDataset}, 5s);
+    snapshots_ = load_datasets(*client(), catalog::KeySchema("dsfs"), {kDataset});
     mount_ = make_mount("mnt", /*verify=*/false);
   }
 
@@ -117,13 +118,32 @@ class MountTest : public ::testing::Test {
     // These tests count requests and take Redis away under single reads: nothing may be
     // fetched ahead of them (test_prefetch.py and prefetch_engine_test cover prefetching).
     options.filesystem.prefetch = prefetch::PrefetchMode::kOff;
-    return std::make_unique<Mount>(redis_->endpoint(), snapshots_, options);
+    // A client of the mount's own, as `dsfs mount` makes it; connected, as loading the
+    // catalogue through it leaves it there.
+    auto client = std::make_shared<store::Client>(std::vector{redis_->endpoint()},
+                                                  client_options(options.filesystem));
+    client->connect();
+    return std::make_unique<Mount>(std::move(client), snapshots_, options);
+  }
+
+  // A client of the test's own (catalogue operations).
+  static std::unique_ptr<store::Client> client() {
+    return std::make_unique<store::Client>(std::vector{redis_->endpoint()});
+  }
+
+  // A client for leases with short timeouts and a short retry budget (the lease refresher's
+  // outage below fails fast), as a mount may give its GenerationLeases.
+  static std::unique_ptr<store::Client> lease_client() {
+    return std::make_unique<store::Client>(
+        std::vector{redis_->endpoint()},
+        store::ClientOptions{.connect = {.connect_timeout = 1s, .io_timeout = 3s},
+                             .retry_budget = 300ms});
   }
 
   static void publish_dataset() {
     const catalog::KeySchema keys("dsfs");
-    store::Connection conn(redis_->endpoint());
-    const uint64_t generation = catalog::begin_generation(conn, keys, kDataset);
+    const auto conn = client();
+    const uint64_t generation = catalog::begin_generation(*conn, keys, kDataset);
     catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, kChunkSize);
     builder.set_classes({"cats", "dogs"});
     builder.add_directory("void", kMtimeNs, 0755);
@@ -139,7 +159,7 @@ class MountTest : public ::testing::Test {
                                             : keys.object_chunk(kDataset, generation, id, k);
         const std::string_view part =
             std::string_view(file.content).substr(k * kChunkSize, kChunkSize);
-        conn.command({"SET", key, part}).expect_ok("SET object");
+        conn->command({"SET", key, part}).expect_ok("SET object");
       }
       object_ids_[file.path] = id;
     }
@@ -148,7 +168,7 @@ class MountTest : public ::testing::Test {
     info.generation = generation;
     info.source = "fs_mount_test";
     const catalog::Catalog catalog = std::move(builder).build();
-    catalog::publish(conn, keys, info, catalog);
+    catalog::publish(*conn, keys, info, catalog);
     generation_ = generation;
   }
 
@@ -547,14 +567,12 @@ bool eventually(Done&& done) {
 TEST_F(MountTest, LeasesPinTheServedGenerationRefreshThroughAnOutageAndRelease) {
   const catalog::KeySchema keys("dsfs");
   const std::string readers = keys.readers(kDataset);
-  auto leases = std::make_unique<GenerationLeases>(redis_->endpoint(), keys, 600ms);
-  const auto loaded = load_datasets(redis_->endpoint(), keys, {kDataset}, 5s, leases.get());
+  const auto leases_client = lease_client();
+  auto leases = std::make_unique<GenerationLeases>(*leases_client, keys, 600ms);
+  const auto loaded = load_datasets(*client(), keys, {kDataset}, leases.get());
   ASSERT_EQ(loaded.size(), 1u);
   EXPECT_EQ(loaded[0].generation(), generation_);
-  const auto pinned = [&] {
-    store::Connection conn(redis_->endpoint());
-    return catalog::pinned_generations(conn, keys, kDataset);
-  };
+  const auto pinned = [&] { return catalog::pinned_generations(*client(), keys, kDataset); };
   const std::set<uint64_t> just_ours = {generation_};
   EXPECT_EQ(pinned(), just_ours);
   {
@@ -605,8 +623,9 @@ TEST_F(MountTest, LeasesPinTheServedGenerationRefreshThroughAnOutageAndRelease) 
 
 TEST_F(MountTest, ReleasingLeasesUnpinsAtOnce) {
   const catalog::KeySchema keys("dsfs");
-  auto leases = std::make_unique<GenerationLeases>(redis_->endpoint(), keys, 60s);
-  load_datasets(redis_->endpoint(), keys, {kDataset}, 5s, leases.get());
+  const auto leases_client = lease_client();
+  auto leases = std::make_unique<GenerationLeases>(*leases_client, keys, 60s);
+  load_datasets(*leases_client, keys, {kDataset}, leases.get());
   leases->start_refreshing();
   store::Connection conn(redis_->endpoint());
   EXPECT_EQ(conn.command({"ZCARD", keys.readers(kDataset)}).integer(), 1);
@@ -614,7 +633,7 @@ TEST_F(MountTest, ReleasingLeasesUnpinsAtOnce) {
   leases.reset();  // stops the refresher mid-sleep and unpins
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
   EXPECT_EQ(conn.command({"EXISTS", keys.readers(kDataset)}).integer(), 0);
-  EXPECT_THROW(GenerationLeases(redis_->endpoint(), keys, 0ms), std::invalid_argument);
+  EXPECT_THROW(GenerationLeases(*leases_client, keys, 0ms), std::invalid_argument);
 }
 
 }  // namespace

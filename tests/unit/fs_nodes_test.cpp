@@ -86,12 +86,12 @@ std::string text_of(const ReadReply& reply) {
 // read, and most tests here never read).
 struct ReadPath {
   explicit ReadPath(store::RedisEndpoint endpoint)
-      : pool(std::move(endpoint), 2),
+      : client({std::move(endpoint)}, store::ClientOptions{.connections_per_node = 2}),
         cache(64 << 20),
-        fetcher(pool, catalog::KeySchema("dsfs"),
+        fetcher(client, catalog::KeySchema("dsfs"),
                 prefetch::FetcherOptions{.timeout = std::chrono::milliseconds(2000)}),
         reader(cache, fetcher, /*verify=*/true) {}
-  store::ConnectionPool pool;
+  store::Client client;
   prefetch::ObjectCache cache;
   prefetch::ObjectFetcher fetcher;
   prefetch::FileReader reader;
@@ -315,7 +315,7 @@ TEST(ViewNode, ShowsOnlyImagesAsNpyFilesUnderAnySpec) {
 TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(), false,
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), path.client, false,
                                   prefetch::EngineOptions{});
   int renders = 0;
   ControlNode node(
@@ -352,7 +352,7 @@ TEST(ControlNode, EveryStatsLookupIsANewSnapshotFreedByForget) {
 TEST(ControlNode, ThePlanIsTheOneWritableFile) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(), false,
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), path.client, false,
                                   prefetch::EngineOptions{});
   ControlNode node(
       tree, [] { return std::string("{}"); }, engine);
@@ -376,7 +376,7 @@ TEST(ControlNode, ThePlanIsTheOneWritableFile) {
 TEST(ControlNode, EachWriteToRefreshIsOneRequestOfDatasetNames) {
   const MountTree tree(two_datasets());
   ReadPath path(unused_endpoint());
-  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), unused_endpoint(), false,
+  prefetch::PrefetchEngine engine(path.cache, path.fetcher, tree.table(), path.client, false,
                                   prefetch::EngineOptions{});
   std::vector<std::vector<std::string>> requests;
   int answer = 0;

@@ -82,9 +82,8 @@ class PlanFileTest : public ::testing::Test {
     tree_ = std::make_unique<MountTree>(std::move(datasets));
     // Never started: the plan file needs no fetch thread.
     engine_ = std::make_unique<PrefetchEngine>(
-        cache_, fetcher_, tree_->table(), redis_.endpoint(), false,
-        EngineOptions{
-            .mode = PrefetchMode::kPlan, .connections = 1, .connect = {.connect_timeout = 500ms}});
+        cache_, fetcher_, tree_->table(), client_, false,
+        EngineOptions{.mode = PrefetchMode::kPlan, .connections = 1});
     plan_ = std::make_unique<PlanFile>(*tree_, *engine_);
   }
   uint64_t entries() const { return engine_->stats().plan_entries; }
@@ -94,8 +93,8 @@ class PlanFileTest : public ::testing::Test {
 
   test::TestRedisServer redis_;
   std::unique_ptr<MountTree> tree_;
-  store::ConnectionPool pool_{redis_.endpoint(), 1};
-  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
+  store::Client client_{{redis_.endpoint()}, store::ClientOptions{.connections_per_node = 1}};
+  ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
   ObjectCache cache_{1 << 20};
   std::unique_ptr<PrefetchEngine> engine_;
   std::unique_ptr<PlanFile> plan_;

@@ -35,7 +35,7 @@
 #include "src/catalog/catalog.h"
 #include "src/catalog/dataset.h"
 #include "src/catalog/keys.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 #include "tests/unit/support/files.h"
 #include "tests/unit/support/test_redis.h"
 
@@ -379,9 +379,10 @@ class ViewMountTest : public ::testing::Test {
     options.filesystem.connections = 2;
     options.filesystem.view_backend = view::BackendKind::kCpu;
     options.filesystem.view_cache_bytes = 4 << 20;
-    mount_ = std::make_unique<Mount>(
-        redis_->endpoint(),
-        load_datasets(redis_->endpoint(), catalog::KeySchema("dsfs"), {kDataset}, 5s), options);
+    auto client = std::make_shared<store::Client>(std::vector{redis_->endpoint()},
+                                                  client_options(options.filesystem));
+    auto datasets = load_datasets(*client, catalog::KeySchema("dsfs"), {kDataset});
+    mount_ = std::make_unique<Mount>(std::move(client), std::move(datasets), options);
   }
 
   static void TearDownTestSuite() {
@@ -392,8 +393,8 @@ class ViewMountTest : public ::testing::Test {
 
   static void publish() {
     const catalog::KeySchema keys("dsfs");
-    store::Connection conn(redis_->endpoint());
-    const uint64_t generation = catalog::begin_generation(conn, keys, kDataset);
+    store::Client client({redis_->endpoint()});
+    const uint64_t generation = catalog::begin_generation(client, keys, kDataset);
     catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 4 << 20);
     builder.set_classes({"cats", "dogs"});
     uint64_t id = 0;
@@ -402,14 +403,14 @@ class ViewMountTest : public ::testing::Test {
       builder.add_file(file.path, file.content.size(), 1'600'000'000'000'000'000, 0644, id,
                        file.path.starts_with("cats") ? 0 : 1,
                        XXH64(file.content.data(), file.content.size(), 0), "");
-      conn.command({"SET", keys.object(kDataset, generation, id), file.content})
+      client.command({"SET", keys.object(kDataset, generation, id), file.content})
           .expect_ok("SET object");
     }
     catalog::DatasetInfo info;
     info.name = kDataset;
     info.generation = generation;
     info.source = "fs_views_test";
-    catalog::publish(conn, keys, info, std::move(builder).build());
+    catalog::publish(client, keys, info, std::move(builder).build());
   }
 
   static std::string source(const std::string& path) {

@@ -86,9 +86,8 @@ class PrefetchEngineTest : public ::testing::Test {
     cache_ = std::make_unique<ObjectCache>(cache_bytes);
     reader_ = std::make_unique<FileReader>(*cache_, fetcher_, false);
     if (!table_) table_ = std::make_unique<DatasetTable>(datasets_);
-    engine_ = std::make_unique<PrefetchEngine>(
-        *cache_, fetcher_, *table_, redis_.endpoint(), false,
-        EngineOptions{.mode = mode, .connections = 3, .connect = {.connect_timeout = 500ms}});
+    engine_ = std::make_unique<PrefetchEngine>(*cache_, fetcher_, *table_, client_, false,
+                                               EngineOptions{.mode = mode, .connections = 3});
     reader_->set_engine(engine_.get());
     if (before_start) before_start(*engine_);
     engine_->start();
@@ -123,8 +122,10 @@ class PrefetchEngineTest : public ::testing::Test {
   test::TestRedisServer redis_{test::TestRedisOptions{.persist = true}};
   std::vector<DatasetSnapshot> datasets_;
   std::unique_ptr<DatasetTable> table_;  // of datasets_, made with the first engine
-  store::ConnectionPool pool_{redis_.endpoint(), 4};
-  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
+  store::Client client_{
+      {redis_.endpoint()},
+      store::ClientOptions{.connect = {.connect_timeout = 500ms}, .connections_per_node = 4}};
+  ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
   std::unique_ptr<ObjectCache> cache_;
   std::unique_ptr<FileReader> reader_;
   std::unique_ptr<PrefetchEngine> engine_;

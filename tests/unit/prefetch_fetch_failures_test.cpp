@@ -60,8 +60,8 @@ class FetchFailures : public ::testing::Test {
 
   test::TestRedisServer redis_{
       test::TestRedisOptions{.extra_args = {"--client-output-buffer-limit", "normal 256kb 0 0"}}};
-  store::ConnectionPool pool_{redis_.endpoint(), 2};
-  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 1s}};
+  store::Client client_{{redis_.endpoint()}, store::ClientOptions{.connections_per_node = 2}};
+  ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 1s}};
   DatasetSnapshot dataset_;
 };
 

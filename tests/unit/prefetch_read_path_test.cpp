@@ -85,8 +85,8 @@ class FileReaderReview : public ::testing::Test {
   }
 
   test::TestRedisServer redis_;
-  store::ConnectionPool pool_{redis_.endpoint(), 2};
-  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 2s}};
+  store::Client client_{{redis_.endpoint()}, store::ClientOptions{.connections_per_node = 2}};
+  ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 2s}};
 };
 
 // --verify on a file larger than the cache used to fetch the whole file again on every cache

@@ -14,6 +14,7 @@
 #include "prefetch/object_fetcher.h"
 #include "src/catalog/catalog.h"
 #include "src/catalog/keys.h"
+#include "src/store/client.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "src/store/pool.h"
@@ -54,8 +55,8 @@ class Recovery : public ::testing::Test {
   }
 
   test::TestRedisServer redis_{test::TestRedisOptions{.persist = true}};
-  store::ConnectionPool pool_{redis_.endpoint(), 64};
-  ObjectFetcher fetcher_{pool_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 100ms}};
+  store::Client client_{{redis_.endpoint()}, store::ClientOptions{.connections_per_node = 64}};
+  ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 100ms}};
   DatasetSnapshot dataset_;
 };
 
@@ -65,7 +66,7 @@ TEST_F(Recovery, TheFirstReadAfterRedisComesBackSucceeds) {
     // 64 idle connections, as after 64 readers at once: the restart breaks them all,
     // and the failing fetch below meets only some of them in its 100 ms.
     std::vector<store::ConnectionPool::Lease> leases;
-    for (int i = 0; i < 64; ++i) leases.push_back(pool_.acquire());
+    for (int i = 0; i < 64; ++i) leases.push_back(client_.lease_for_key("f"));
   }
   redis_.stop();
   EXPECT_THROW(fetch("f2.bin"), store::ConnectionError);  // waits the timeout, marks it down
@@ -90,7 +91,7 @@ TEST_F(Recovery, AReadOfAFileThatJustFailedSucceedsOnceRedisIsBack) {
   // The fix for the kernel's re-issue (below) used to fail every read of that file in the window
   // without a try, so a read right after a quick restart failed although Redis answered.
   // A window long enough that "in the window" does not depend on this machine's speed.
-  ObjectFetcher fetcher(pool_, catalog::KeySchema("dsfs"),
+  ObjectFetcher fetcher(client_, catalog::KeySchema("dsfs"),
                         FetcherOptions{.timeout = 2s, .reissue_window = 10min});
   const uint32_t chunk = 0;
   const uint32_t entry = *dataset_.catalog->lookup(catalog::kRootIndex, "f1.bin");
@@ -107,9 +108,12 @@ TEST_F(Recovery, AReadOfAFileThatJustFailedSucceedsOnceRedisIsBack) {
 TEST_F(Recovery, TheKernelsReissueOfAReadFromAStalledRedisDoesNotWaitTheTimeoutAgain) {
   // As a mount sets it up: the pool's I/O timeout is the fetch timeout (3 s here), and the
   // kernel's re-issue arrives well inside a 1 s window.
-  store::ConnectionPool pool(redis_.endpoint(), 8,
-                             store::ConnectOptions{.connect_timeout = 3s, .io_timeout = 3s});
-  ObjectFetcher fetcher(pool, catalog::KeySchema("dsfs"),
+  store::Client client({redis_.endpoint()},
+                       store::ClientOptions{.connect = {.connect_timeout = 3s, .io_timeout = 3s},
+                                            .connections_per_node = 8,
+                                            .retry_budget = 3s});
+  client.connect();  // as a mount does before it serves
+  ObjectFetcher fetcher(client, catalog::KeySchema("dsfs"),
                         FetcherOptions{.timeout = 3s, .reissue_window = 1s});
   const uint32_t chunk = 0;
   const auto fetch_with = [&](const char* name) {

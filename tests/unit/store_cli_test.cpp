@@ -130,6 +130,85 @@ TEST(ResolveEndpointTest, BadUrlIsInvalidArgument) {
   EXPECT_THROW(resolve_endpoint(options), std::invalid_argument);
 }
 
+TEST(GlobalOptionsTest, HelpSaysAClusterIsDetectedAndSeveralSeedsMayBeNamed) {
+  CLI::App app;
+  GlobalOptions options;
+  add_global_options(app, options);
+  EXPECT_THAT(app.help(), HasSubstr("Redis Cluster is detected"));
+  EXPECT_THAT(app.help(), HasSubstr("comma-separated"));
+}
+
+TEST(SplitRedisUrlsTest, SplitsOnlyWhereAnotherUrlStarts) {
+  using Pieces = std::vector<std::string_view>;
+  EXPECT_EQ(split_redis_urls("redis://h:1"), Pieces{"redis://h:1"});
+  EXPECT_EQ(split_redis_urls("redis://a:7000,redis://b:7001"),
+            (Pieces{"redis://a:7000", "redis://b:7001"}));
+  EXPECT_EQ(split_redis_urls("redis://a:1, unix:///s.sock,REDIS://c"),
+            (Pieces{"redis://a:1", "unix:///s.sock", "REDIS://c"}));
+  // A comma inside a password (or anywhere else not followed by SCHEME://) is part of the URL.
+  EXPECT_EQ(split_redis_urls("redis://:pa,ss@h:1"), Pieces{"redis://:pa,ss@h:1"});
+  EXPECT_EQ(split_redis_urls("redis://:pa,ss@h:1,redis://:x,y@g:2"),
+            (Pieces{"redis://:pa,ss@h:1", "redis://:x,y@g:2"}));
+  EXPECT_EQ(split_redis_urls(""), Pieces{""});
+}
+
+TEST(ResolveSeedsTest, SeveralUrlsAreSeveralSeedsInOrder) {
+  ScopedEnv no_password("DSFS_REDIS_PASSWORD", std::nullopt);
+  ScopedEnv no_cli_auth("REDISCLI_AUTH", std::nullopt);
+  GlobalOptions options;
+  options.redis_url = "redis://:one@10.0.0.1:7000,redis://10.0.0.2:7001";
+  const std::vector<store::RedisEndpoint> seeds = resolve_seeds(options);
+  ASSERT_EQ(seeds.size(), 2u);
+  EXPECT_EQ(seeds[0].host, "10.0.0.1");
+  EXPECT_EQ(seeds[0].port, 7000);
+  EXPECT_EQ(seeds[0].password, "one");
+  EXPECT_EQ(seeds[1].host, "10.0.0.2");
+  EXPECT_EQ(seeds[1].port, 7001);
+  EXPECT_EQ(seeds[1].password, "");
+  EXPECT_EQ(resolve_endpoint(options).host, "10.0.0.1");  // the first seed
+
+  ScopedEnv env("DSFS_REDIS", "redis://e1:1,redis://e2:2");
+  options.redis_url.clear();
+  EXPECT_EQ(resolve_seeds(options).size(), 2u);
+}
+
+TEST(ResolveSeedsTest, APasswordFromOutsideArgvAppliesToEverySeed) {
+  ScopedEnv password("DSFS_REDIS_PASSWORD", "from-env");
+  GlobalOptions options;
+  options.redis_url = "redis://:in-url@a:1,redis://b:2,unix:///c.sock";
+  for (const store::RedisEndpoint& seed : resolve_seeds(options)) {
+    EXPECT_EQ(seed.password, "from-env") << seed.describe();
+  }
+  const test::TempDir dir("dsfs-cli-password");
+  const fs::path file = dir.path() / "password";
+  test::write_file(file, "from-file\n");
+  options.redis_password_file = file.string();
+  for (const store::RedisEndpoint& seed : resolve_seeds(options)) {
+    EXPECT_EQ(seed.password, "from-file") << seed.describe();
+  }
+}
+
+TEST(ResolveSeedsTest, ABadUrlInTheListIsNamed) {
+  GlobalOptions options;
+  options.redis_url = "redis://good:1,redis://bad:notaport";
+  try {
+    resolve_seeds(options);
+    FAIL() << "a list with a bad URL was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bad"));
+  }
+}
+
+TEST(ScrubSecretsFromArgvTest, EveryUrlOfAListIsScrubbed) {
+  std::string flag = "--redis=redis://:pw1@h1:1,redis://u:secret2@h2:2, unix://:s3@/r.sock";
+  std::string single = "redis://:pa,ss@h:1";
+  std::string program = "dsfs";
+  char* argv[] = {program.data(), flag.data(), single.data()};
+  scrub_secrets_from_argv(3, argv);
+  EXPECT_EQ(flag, "--redis=redis://:***@h1:1,redis://u:*******@h2:2, unix://:**@/r.sock");
+  EXPECT_EQ(single, "redis://:*****@h:1");  // one URL whose password holds a comma
+}
+
 class EmbeddedHomeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -152,6 +231,10 @@ TEST_F(EmbeddedHomeTest, ResolveStartsTheEmbeddedServer) {
   EXPECT_EQ(endpoint.transport, store::RedisEndpoint::Transport::kUnix);
   EXPECT_EQ(endpoint.socket_path, (home_ / "redis" / "redis.sock").string());
   EXPECT_EQ(store::Connection(endpoint).command({"PING"}).str(), "PONG");
+  // A client of it: a single server, not a cluster.
+  const std::shared_ptr<store::Client> client = make_client(options);
+  EXPECT_FALSE(client->is_cluster());
+  EXPECT_EQ(client->command({"PING"}).str(), "PONG");
 
   // Already running: no note the second time.
   testing::internal::CaptureStderr();

@@ -2,20 +2,16 @@
 // redirections nodes answer with, and the slot map of a real three-node cluster.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "src/store/cluster_slots.h"
 #include "src/store/connection.h"
-#include "tests/unit/support/test_redis.h"
+#include "tests/unit/support/test_cluster.h"
 
 namespace dsfs::store {
 namespace {
-
-using namespace std::chrono_literals;
 
 TEST(ClusterSlots, Crc16IsXmodem) {
   EXPECT_EQ(crc16("123456789"), 0x31C3);  // the check value the cluster spec gives
@@ -152,60 +148,11 @@ TEST(SlotMap, AGapIsUncoveredAndBadShapesAreRefused) {
 // Three cluster-enabled redis-servers that share the slots and have met.
 class RealCluster : public ::testing::Test {
  protected:
-  // A cluster-enabled node. Its bus port is named: by default it is the client port + 10000,
-  // and a free client port above 55535 (the kernel hands those out too) has none, so the node
-  // refused to start. Another process may take the bus port before the node binds it: retried.
-  void start_node() {
-    for (int attempt = 1;; ++attempt) {
-      const int bus_port = test::free_tcp_port();
-      try {
-        nodes_.push_back(std::make_unique<test::TestRedisServer>(test::TestRedisOptions{
-            .extra_args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                           "--cluster-node-timeout", "5000", "--cluster-port",
-                           std::to_string(bus_port)}}));
-        bus_ports_.push_back(bus_port);
-        return;
-      } catch (const std::exception&) {
-        if (attempt == 5) throw;
-      }
-    }
-  }
-
-  void SetUp() override {
-    for (int i = 0; i < 3; ++i) start_node();
-    const uint32_t per_node = kClusterSlots / 3;
-    for (int i = 0; i < 3; ++i) {
-      Connection conn(nodes_[i]->endpoint());
-      const uint32_t first = i * per_node;
-      const uint32_t last = i == 2 ? kClusterSlots - 1 : first + per_node - 1;
-      conn.command({"CLUSTER", "ADDSLOTSRANGE", std::to_string(first), std::to_string(last)})
-          .expect_ok("CLUSTER ADDSLOTSRANGE");
-      if (i > 0) {
-        conn.command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[0]->port()),
-                      std::to_string(bus_ports_[0])})
-            .expect_ok("CLUSTER MEET");
-      }
-    }
-    // Gossip takes a moment: wait (bounded) until every node sees the whole cluster served.
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    for (bool ok = false; !ok;) {
-      ok = true;
-      for (const auto& n : nodes_) {
-        Connection conn(n->endpoint());
-        const Reply info = conn.command({"CLUSTER", "INFO"});
-        ok = ok && info.str().find("cluster_state:ok") != std::string_view::npos;
-      }
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the cluster never became ok";
-      if (!ok) std::this_thread::sleep_for(50ms);
-    }
-  }
-
-  std::vector<std::unique_ptr<test::TestRedisServer>> nodes_;
-  std::vector<int> bus_ports_;
+  test::TestCluster cluster_;
 };
 
 TEST_F(RealCluster, TheSlotMapRoutesEveryKeyAndAWrongNodeRedirectsToTheMapsOwner) {
-  Connection seed(nodes_[0]->endpoint());
+  Connection seed(cluster_.node(0).endpoint());
   const Reply slots = seed.command({"CLUSTER", "SLOTS"});
   const SlotMap map = SlotMap::from_cluster_slots(slots.raw(), "127.0.0.1");
   EXPECT_EQ(map.uncovered_slots(), 0u);
@@ -216,10 +163,10 @@ TEST_F(RealCluster, TheSlotMapRoutesEveryKeyAndAWrongNodeRedirectsToTheMapsOwner
     const SlotMap::Range* owner = map.find(key_slot(key));
     ASSERT_NE(owner, nullptr);
     // The owner takes the key; every other node answers MOVED to the owner.
-    for (const auto& n : nodes_) {
-      Connection conn(n->endpoint());
+    for (size_t n = 0; n < cluster_.size(); ++n) {
+      Connection conn(cluster_.node(n).endpoint());
       const Reply reply = conn.command({"SET", key, "v"});
-      if (n->port() == owner->primary.port) {
+      if (cluster_.node(n).port() == owner->primary.port) {
         EXPECT_FALSE(reply.is_error()) << reply.str();
         continue;
       }

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "src/catalog/dataset.h"
-#include "src/store/connection.h"
+#include "src/store/client.h"
 #include "src/store/embedded_server.h"
 #include "tests/unit/support/files.h"
 #include "tests/unit/support/test_redis.h"
@@ -219,23 +219,28 @@ class PublishReviewTest : public ::testing::Test {
     o.progress = ProgressStyle::kQuiet;
     return o;
   }
-  store::Connection connect() { return store::Connection(redis_.endpoint()); }
+  // A client of the test's own, apart from the one each ingest gets (as another process's).
+  std::unique_ptr<store::Client> connect() {
+    return std::make_unique<store::Client>(std::vector{redis_.endpoint()});
+  }
   uint64_t count_keys(const std::string& pattern) {
-    store::Connection conn = connect();
     return static_cast<uint64_t>(
-        conn.command({"EVAL", "return #redis.call('KEYS', ARGV[1])", "0", pattern}).integer());
+        connect()
+            ->command({"EVAL", "return #redis.call('KEYS', ARGV[1])", "0", pattern})
+            .integer());
   }
   // Fails the test unless every file of the published dataset is stored.
   void expect_complete(const std::string& name) {
-    store::Connection conn = connect();
-    const auto info = catalog::read_info(conn, keys_, name);
-    const auto catalog = catalog::load_catalog(conn, keys_, info);
+    const auto client = connect();
+    const auto info = catalog::read_info(*client, keys_, name);
+    const auto catalog = catalog::load_catalog(*client, keys_, info);
     for (uint32_t i = 0; i < catalog->entry_count(); ++i) {
       if (catalog->entry(i).is_dir) continue;
-      EXPECT_EQ(
-          conn.command({"EXISTS", keys_.object(name, info.generation, catalog->entry(i).object_id)})
-              .integer(),
-          1)
+      EXPECT_EQ(client
+                    ->command({"EXISTS",
+                               keys_.object(name, info.generation, catalog->entry(i).object_id)})
+                    .integer(),
+                1)
           << catalog->path(i) << " is missing from the published generation";
     }
   }
@@ -251,12 +256,12 @@ TEST_F(PublishReviewTest, RemovedWhileIngestingPublishesNothing) {
   std::atomic<bool> removed{false};
   o.on_piece_written = [&](uint64_t pieces) {
     if (pieces == 40 && !removed.exchange(true)) {
-      store::Connection conn = connect();
-      catalog::remove_dataset(conn, keys_, "ds");
+      const auto client = connect();
+      catalog::remove_dataset(*client, keys_, "ds");
     }
   };
   try {
-    run_ingest(redis_.endpoint(), keys_, o);
+    run_ingest(*connect(), keys_, o);
     ADD_FAILURE() << "published a dataset whose first 40 objects `dsfs rm` had deleted";
     expect_complete("ds");
   } catch (const std::runtime_error& e) {
@@ -264,13 +269,13 @@ TEST_F(PublishReviewTest, RemovedWhileIngestingPublishesNothing) {
     EXPECT_THAT(e.what(), HasSubstr("nothing was published"));
   }
   EXPECT_TRUE(removed);
-  store::Connection conn = connect();
-  EXPECT_THROW(catalog::read_info(conn, keys_, "ds"), catalog::DatasetNotFound);
+  const auto client = connect();
+  EXPECT_THROW(catalog::read_info(*client, keys_, "ds"), catalog::DatasetNotFound);
   EXPECT_EQ(count_keys("dsfs:ds:*"), 0u) << "objects written after the rm were left behind";
 }
 
 TEST_F(PublishReviewTest, RestartThatLostAcknowledgedWritesPublishesNothing) {
-  const IngestResult first = run_ingest(redis_.endpoint(), keys_, options(source_));
+  const IngestResult first = run_ingest(*connect(), keys_, options(source_));
   IngestOptions o = options(source_);
   // One reader and one connection: pieces are acknowledged in object order, so object 0 is
   // known to be acknowledged (a write still in a window would be resent after the restart).
@@ -280,14 +285,15 @@ TEST_F(PublishReviewTest, RestartThatLostAcknowledgedWritesPublishesNothing) {
     if (pieces == 40 && !restarted.exchange(true)) {
       {
         // What appendfsync everysec loses when Redis dies: a write it had acknowledged.
-        store::Connection conn = connect();
-        ASSERT_EQ(conn.command({"DEL", keys_.object("ds", first.generation + 1, 0)}).integer(), 1);
+        const auto client = connect();
+        ASSERT_EQ(client->command({"DEL", keys_.object("ds", first.generation + 1, 0)}).integer(),
+                  1);
       }
       redis_.restart();
     }
   };
   try {
-    run_ingest(redis_.endpoint(), keys_, o);
+    run_ingest(*connect(), keys_, o);
     ADD_FAILURE() << "published a generation missing an object lost in a Redis restart";
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("restarted during the ingest and lost 1 object"));
@@ -295,8 +301,8 @@ TEST_F(PublishReviewTest, RestartThatLostAcknowledgedWritesPublishesNothing) {
                 HasSubstr(fmt::format("generation {} is still current", first.generation)));
   }
   EXPECT_TRUE(restarted);
-  store::Connection conn = connect();
-  EXPECT_EQ(catalog::read_info(conn, keys_, "ds").generation, first.generation);
+  const auto client = connect();
+  EXPECT_EQ(catalog::read_info(*client, keys_, "ds").generation, first.generation);
   expect_complete("ds");
 }
 
@@ -306,7 +312,7 @@ TEST_F(PublishReviewTest, RestartThatLostNothingStillPublishes) {
   o.on_piece_written = [&](uint64_t pieces) {
     if (pieces == 40 && !restarted.exchange(true)) redis_.restart();
   };
-  const IngestResult result = run_ingest(redis_.endpoint(), keys_, o);
+  const IngestResult result = run_ingest(*connect(), keys_, o);
   EXPECT_TRUE(restarted);
   EXPECT_EQ(result.files, 240u);
   expect_complete("ds");
@@ -320,18 +326,18 @@ TEST_F(PublishReviewTest, LoserOfTwoConcurrentIngestsNamesTheWinner) {
   o.on_piece_written = [&](uint64_t pieces) {
     if (pieces == 40 && !raced.exchange(true)) {
       // Another ingest of the same name starts later and finishes first.
-      run_ingest(redis_.endpoint(), keys_, options(other));
+      run_ingest(*connect(), keys_, options(other));
     }
   };
   try {
-    run_ingest(redis_.endpoint(), keys_, o);
+    run_ingest(*connect(), keys_, o);
     ADD_FAILURE() << "the older generation replaced the newer one";
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("generation 2 is current"));
     EXPECT_THAT(e.what(), Not(HasSubstr("not created")));
   }
-  store::Connection conn = connect();
-  const auto info = catalog::read_info(conn, keys_, "ds");
+  const auto client = connect();
+  const auto info = catalog::read_info(*client, keys_, "ds");
   EXPECT_EQ(info.generation, 2u);
   EXPECT_EQ(info.file_count, 1u);
   expect_complete("ds");

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "src/catalog/dataset.h"
+#include "src/store/client.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "tests/unit/support/child_process.h"
@@ -86,7 +87,10 @@ class IngestRedisTest : public ::testing::Test {
  protected:
   IngestRedisTest() : redis_(test::TestRedisOptions{.unix_socket = true}), keys_("dsfs") {}
 
-  store::Connection connect() { return store::Connection(redis_.endpoint()); }
+  // A client of the test's own, apart from the one each ingest gets (as another process's).
+  std::unique_ptr<store::Client> connect() {
+    return std::make_unique<store::Client>(std::vector{redis_.endpoint()});
+  }
 
   IngestOptions options_for(const fs::path& source, const std::string& dataset) {
     IngestOptions options;
@@ -97,56 +101,59 @@ class IngestRedisTest : public ::testing::Test {
   }
 
   IngestResult ingest(const IngestOptions& options) {
-    return run_ingest(redis_.endpoint(), keys_, options);
+    return run_ingest(*connect(), keys_, options);
   }
 
   // The bytes of a file as stored: its plain object or its chunks, per the catalogue.
-  std::string stored_bytes(store::Connection& conn, const catalog::Catalog& catalog,
+  std::string stored_bytes(store::Client& client, const catalog::Catalog& catalog,
                            const std::string& dataset, uint64_t generation, uint32_t index) {
     const auto& entry = catalog.entry(index);
     const uint64_t chunks = catalog.chunk_count(index);
     if (chunks == 1) {
       const store::Reply reply =
-          conn.command({"GET", keys_.object(dataset, generation, entry.object_id)});
+          client.command({"GET", keys_.object(dataset, generation, entry.object_id)});
       EXPECT_TRUE(reply.is_string()) << catalog.path(index);
       return std::string(reply.str());
     }
     EXPECT_EQ(
-        conn.command({"EXISTS", keys_.object(dataset, generation, entry.object_id)}).integer(), 0)
+        client.command({"EXISTS", keys_.object(dataset, generation, entry.object_id)}).integer(), 0)
         << "a chunked file also has a plain object key";
     std::string bytes;
     for (uint64_t k = 0; k < chunks; ++k) {
       const store::Reply reply =
-          conn.command({"GET", keys_.object_chunk(dataset, generation, entry.object_id, k)});
+          client.command({"GET", keys_.object_chunk(dataset, generation, entry.object_id, k)});
       EXPECT_TRUE(reply.is_string()) << catalog.path(index) << " chunk " << k;
       bytes += reply.str();
     }
     return bytes;
   }
 
-  uint64_t count_keys(store::Connection& conn, const std::string& pattern) {
+  uint64_t count_keys(store::Client& client, const std::string& pattern) {
     uint64_t count = 0;
-    std::string cursor = "0";
-    do {
-      const store::Reply reply = conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
-      cursor = std::string(store::Reply::element_str(reply.element(0)));
-      count += reply.element(1)->elements;
-    } while (cursor != "0");
+    client.for_each_primary([&](store::Connection& conn) {
+      std::string cursor = "0";
+      do {
+        const store::Reply reply =
+            conn.command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+        cursor = std::string(store::Reply::element_str(reply.element(0)));
+        count += reply.element(1)->elements;
+      } while (cursor != "0");
+    });
     return count;
   }
 
   // Every file of the published dataset has exactly the bytes of `source_root/path`.
   void expect_matches_tree(const std::string& dataset, const fs::path& source_root,
                            size_t expected_files) {
-    store::Connection conn = connect();
-    const catalog::DatasetInfo info = catalog::read_info(conn, keys_, dataset);
-    const auto catalog = catalog::load_catalog(conn, keys_, info);
+    const auto client = connect();
+    const catalog::DatasetInfo info = catalog::read_info(*client, keys_, dataset);
+    const auto catalog = catalog::load_catalog(*client, keys_, info);
     EXPECT_EQ(catalog->file_count(), expected_files);
     for (uint32_t i = 0; i < catalog->entry_count(); ++i) {
       if (catalog->entry(i).is_dir) continue;
       const std::string path = catalog->path(i);
       const std::string expected = read_file(source_root / path);
-      const std::string stored = stored_bytes(conn, *catalog, dataset, info.generation, i);
+      const std::string stored = stored_bytes(*client, *catalog, dataset, info.generation, i);
       EXPECT_EQ(stored.size(), expected.size()) << path;
       EXPECT_TRUE(stored == expected) << path << " differs";
       EXPECT_EQ(catalog->entry(i).size, expected.size()) << path;
@@ -182,9 +189,9 @@ TEST_F(IngestRedisTest, DirectoryRoundTripWithLabelsChunksMetadataAndSkippedFifo
   EXPECT_EQ(result.skipped, 1u);
   EXPECT_EQ(result.classes, 3u);
 
-  store::Connection conn = connect();
-  EXPECT_THAT(catalog::list_datasets(conn, keys_), ::testing::Contains("pets"));
-  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "pets");
+  const auto client = connect();
+  EXPECT_THAT(catalog::list_datasets(*client, keys_), ::testing::Contains("pets"));
+  const catalog::DatasetInfo info = catalog::read_info(*client, keys_, "pets");
   EXPECT_EQ(info.generation, result.generation);
   EXPECT_EQ(info.file_count, 6u);
   EXPECT_EQ(info.total_bytes, 3000u + 100 + 0 + 10'000 + 12 + 13);
@@ -193,7 +200,7 @@ TEST_F(IngestRedisTest, DirectoryRoundTripWithLabelsChunksMetadataAndSkippedFifo
   EXPECT_EQ(info.source, fs::absolute(src).lexically_normal().string());
   expect_matches_tree("pets", src, 6);
 
-  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  const auto catalog = catalog::load_catalog(*client, keys_, info);
   EXPECT_THAT(catalog->classes(), ::testing::ElementsAre("cat", "dog", "empty_class"));
   EXPECT_EQ(catalog->entry(*catalog->find("cat/nested/deeper/b.jpg")).label, 0u);
   EXPECT_EQ(catalog->entry(*catalog->find("dog/with space ünïcødé.jpg")).label, 1u);
@@ -205,7 +212,7 @@ TEST_F(IngestRedisTest, DirectoryRoundTripWithLabelsChunksMetadataAndSkippedFifo
             nlohmann::json::parse(R"({"caption": "a cat"})"));
   EXPECT_TRUE(catalog->metadata(*catalog->find("dog/big.bin")).empty());
   // Objects: 5 plain + 3 chunks, nothing else under this generation.
-  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("pets", info.generation)), 8u);
+  EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("pets", info.generation)), 8u);
 }
 
 TEST_F(IngestRedisTest, ReingestReplacesAtomicallyAndCollectsOldGenerations) {
@@ -221,20 +228,20 @@ TEST_F(IngestRedisTest, ReingestReplacesAtomicallyAndCollectsOldGenerations) {
   EXPECT_GT(second.generation, first.generation);
   expect_matches_tree("ds", src, 2);
 
-  store::Connection conn = connect();
-  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "ds");
+  const auto client = connect();
+  const catalog::DatasetInfo info = catalog::read_info(*client, keys_, "ds");
   EXPECT_EQ(info.generation, second.generation);
   EXPECT_EQ(info.previous_generation, first.generation);
   // keep 1: the first generation stays for readers that still hold it.
-  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", first.generation)), 1u);
+  EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("ds", first.generation)), 1u);
 
   IngestOptions third_options = options_for(src, "ds");
   third_options.keep_generations = 0;
   const IngestResult third = ingest(third_options);
   EXPECT_GT(third.garbage_keys_deleted, 0u);
-  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", first.generation)), 0u);
-  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", second.generation)), 0u);
-  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("ds", third.generation)), 2u);
+  EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("ds", first.generation)), 0u);
+  EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("ds", second.generation)), 0u);
+  EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("ds", third.generation)), 2u);
   expect_matches_tree("ds", src, 2);
 }
 
@@ -266,15 +273,16 @@ TEST_F(IngestRedisTest, TarSource) {
   EXPECT_EQ(result.files, 3u);
   EXPECT_EQ(result.classes, 2u);
 
-  store::Connection conn = connect();
-  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "tarred");
-  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  const auto client = connect();
+  const catalog::DatasetInfo info = catalog::read_info(*client, keys_, "tarred");
+  const auto catalog = catalog::load_catalog(*client, keys_, info);
   const uint32_t big_index = *catalog->find("n01/big.bin");
   EXPECT_EQ(catalog->chunk_count(big_index), 3u);
-  EXPECT_EQ(stored_bytes(conn, *catalog, "tarred", info.generation, big_index), big);
+  EXPECT_EQ(stored_bytes(*client, *catalog, "tarred", info.generation, big_index), big);
   EXPECT_EQ(catalog->entry(big_index).checksum, XXH64(big.data(), big.size(), 0));
-  EXPECT_EQ(stored_bytes(conn, *catalog, "tarred", info.generation, *catalog->find("n01/x.JPEG")),
-            "jpeg bytes");
+  EXPECT_EQ(
+      stored_bytes(*client, *catalog, "tarred", info.generation, *catalog->find("n01/x.JPEG")),
+      "jpeg bytes");
   EXPECT_EQ(catalog->entry(*catalog->find("n02/y.JPEG")).label, 1u);
 }
 
@@ -295,15 +303,15 @@ TEST_F(IngestRedisTest, UrlListWithRetriesAndPathColumn) {
   EXPECT_EQ(result.files, 3u);
   EXPECT_EQ(result.classes, 2u);
 
-  store::Connection conn = connect();
-  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "web");
+  const auto client = connect();
+  const catalog::DatasetInfo info = catalog::read_info(*client, keys_, "web");
   EXPECT_EQ(info.source, fs::absolute(list).string());
-  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  const auto catalog = catalog::load_catalog(*client, keys_, info);
   EXPECT_THAT(catalog->classes(), ::testing::ElementsAre("cls a", "cls b"));
   auto stored = [&](const std::string& path) {
     const auto index = catalog->find(path);
     EXPECT_TRUE(index.has_value()) << path;
-    return index ? stored_bytes(conn, *catalog, "web", info.generation, *index) : std::string();
+    return index ? stored_bytes(*client, *catalog, "web", info.generation, *index) : std::string();
   };
   EXPECT_EQ(stored("cls a/one.jpg"), read_file(served / "cls a" / "one.jpg"));
   EXPECT_EQ(stored("cls b/flaky.jpg"), read_file(served / "cls b" / "flaky.jpg"));
@@ -326,10 +334,10 @@ TEST_F(IngestRedisTest, UrlList404FailsNamingTheUrlAndPublishesNothing) {
     EXPECT_THAT(e.what(), HasSubstr("404"));
     EXPECT_THAT(e.what(), HasSubstr("nothing was published"));
   }
-  store::Connection conn = connect();
-  EXPECT_THAT(catalog::list_datasets(conn, keys_), Not(::testing::Contains("broken")));
-  EXPECT_THROW(catalog::read_info(conn, keys_, "broken"), catalog::DatasetNotFound);
-  EXPECT_EQ(count_keys(conn, keys_.dataset_objects_pattern("broken")), 0u);
+  const auto client = connect();
+  EXPECT_THAT(catalog::list_datasets(*client, keys_), Not(::testing::Contains("broken")));
+  EXPECT_THROW(catalog::read_info(*client, keys_, "broken"), catalog::DatasetNotFound);
+  EXPECT_EQ(count_keys(*client, keys_.dataset_objects_pattern("broken")), 0u);
 }
 
 TEST_F(IngestRedisTest, InterruptedIngestLeavesThePreviousGenerationIntact) {
@@ -352,8 +360,8 @@ TEST_F(IngestRedisTest, InterruptedIngestLeavesThePreviousGenerationIntact) {
   };
   uint64_t interrupted_generation = 0;
   {
-    store::Connection conn = connect();
-    interrupted_generation = catalog::read_info(conn, keys_, "stable").generation + 1;
+    const auto client = connect();
+    interrupted_generation = catalog::read_info(*client, keys_, "stable").generation + 1;
   }
   try {
     ingest(options);
@@ -364,21 +372,22 @@ TEST_F(IngestRedisTest, InterruptedIngestLeavesThePreviousGenerationIntact) {
                 HasSubstr(fmt::format("generation {} is still current", first.generation)));
   }
 
-  store::Connection conn = connect();
-  const catalog::DatasetInfo info = catalog::read_info(conn, keys_, "stable");
+  const auto client = connect();
+  const catalog::DatasetInfo info = catalog::read_info(*client, keys_, "stable");
   EXPECT_EQ(info.generation, first.generation);
-  const auto catalog = catalog::load_catalog(conn, keys_, info);
+  const auto catalog = catalog::load_catalog(*client, keys_, info);
   for (int i = 0; i < 20; ++i) {
     const std::string path = "c/f" + std::to_string(i);
-    EXPECT_EQ(stored_bytes(conn, *catalog, "stable", info.generation, *catalog->find(path)),
+    EXPECT_EQ(stored_bytes(*client, *catalog, "stable", info.generation, *catalog->find(path)),
               pattern_bytes(1000, i))
         << path;
   }
   // What the interrupted generation wrote was removed, and it is no longer tracked.
-  EXPECT_EQ(count_keys(conn, keys_.generation_objects_pattern("stable", interrupted_generation)),
+  EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("stable", interrupted_generation)),
             0u);
-  EXPECT_EQ(conn.command({"SISMEMBER", keys_.generations("stable"),
-                          std::to_string(interrupted_generation)})
+  EXPECT_EQ(client
+                ->command({"SISMEMBER", keys_.generations("stable"),
+                           std::to_string(interrupted_generation)})
                 .integer(),
             0);
 }
@@ -393,9 +402,8 @@ TEST_F(IngestRedisTest, WritersReconnectWhenRedisDropsConnections) {
   std::atomic<bool> killed{false};
   options.on_piece_written = [&](uint64_t pieces) {
     if (pieces >= 10 && !killed.exchange(true)) {
-      // Drops every other client: the writers and the idle control connection.
-      store::Connection admin = connect();
-      admin.command({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"}).expect_ok("KILL");
+      // Drops every other client: the writers and the ingest client's idle pooled connections.
+      connect()->command({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"}).expect_ok("KILL");
     }
   };
   const IngestResult result = ingest(options);
@@ -417,15 +425,15 @@ TEST(IngestRedisErrors, RedisOutOfMemoryIsAClearError) {
   options.source = src;
   options.dataset = "toobig";
   options.progress = ProgressStyle::kQuiet;
+  store::Client client({redis.endpoint()});
   try {
-    run_ingest(redis.endpoint(), catalog::KeySchema("dsfs"), options);
+    run_ingest(client, catalog::KeySchema("dsfs"), options);
     FAIL() << "an ingest larger than maxmemory succeeded";
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("maxmemory"));
     EXPECT_THAT(e.what(), HasSubstr("nothing was published"));
   }
-  store::Connection conn(redis.endpoint());
-  EXPECT_THROW(catalog::read_info(conn, catalog::KeySchema("dsfs"), "toobig"),
+  EXPECT_THROW(catalog::read_info(client, catalog::KeySchema("dsfs"), "toobig"),
                catalog::DatasetNotFound);
 }
 
@@ -439,11 +447,33 @@ TEST(IngestRedisErrors, UnreachableRedisNamesTheEndpoint) {
   options.source = tmp.path() / "src";
   options.dataset = "x";
   options.progress = ProgressStyle::kQuiet;
+  store::Client client({nowhere}, store::ClientOptions{.retry_budget = 300ms});
   try {
-    run_ingest(nowhere, catalog::KeySchema("dsfs"), options);
+    run_ingest(client, catalog::KeySchema("dsfs"), options);
     FAIL() << "ingest into an unreachable Redis succeeded";
   } catch (const store::ConnectionError& e) {
     EXPECT_THAT(e.what(), HasSubstr("no-such.sock"));
+  }
+}
+
+// Redis gone after the client first reached it (as when it stops between two commands): the
+// error names it too.
+TEST(IngestRedisErrors, RedisGoneAwayNamesTheEndpoint) {
+  TempDir tmp;
+  write_file(tmp.path() / "src" / "a", "x");
+  test::TestRedisServer redis(test::TestRedisOptions{.unix_socket = true});
+  store::Client client({redis.endpoint()}, store::ClientOptions{.retry_budget = 300ms});
+  client.connect();
+  redis.stop();
+  IngestOptions options;
+  options.source = tmp.path() / "src";
+  options.dataset = "x";
+  options.progress = ProgressStyle::kQuiet;
+  try {
+    run_ingest(client, catalog::KeySchema("dsfs"), options);
+    FAIL() << "ingest into an unreachable Redis succeeded";
+  } catch (const store::ConnectionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(redis.socket_path().string()));
   }
 }
 

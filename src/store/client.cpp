@@ -1,0 +1,917 @@
+#include "src/store/client.h"
+
+#include <fmt/core.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <strings.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include "src/store/errors.h"
+#include "src/store/log_text.h"
+
+namespace dsfs::store {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The most nodes one client keeps: nodes_ is reserved to it so that a node's slot never moves
+// while another thread reads it. Far above any real cluster's size.
+constexpr size_t kMaxNodes = 1024;
+// A command that bounces more often than this between nodes is given up (a cluster whose nodes
+// disagree for longer than the retry budget could otherwise loop).
+constexpr int kMaxRedirects = 16;
+// A MOVED reply patches its slot at once; the whole map is reloaded at most this often.
+constexpr std::chrono::milliseconds kRefreshInterval{200};
+// Reads reload a map older than this.
+constexpr std::chrono::milliseconds kStaleTopology{10000};
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// "Not now" replies: retrying later succeeds. CLUSTERDOWN is the cluster's own (a slot without
+// a primary during a failover).
+bool is_not_now(std::string_view message) {
+  return is_transient_reply(message) || message.starts_with("CLUSTERDOWN");
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+std::string node_address(const RedisEndpoint& endpoint) {
+  return endpoint.transport == RedisEndpoint::Transport::kUnix
+             ? endpoint.socket_path
+             : fmt::format("{}:{}", endpoint.host, endpoint.port);
+}
+
+}  // namespace
+
+ReadFrom parse_read_from(std::string_view text) {
+  if (text == "primary") return ReadFrom::kPrimary;
+  if (text == "replica") return ReadFrom::kReplica;
+  if (text == "any") return ReadFrom::kAny;
+  throw std::invalid_argument(
+      fmt::format("--read-from '{}' is not one of primary, replica, any", log_text(text)));
+}
+
+std::string_view to_string(ReadFrom read_from) {
+  switch (read_from) {
+    case ReadFrom::kPrimary:
+      return "primary";
+    case ReadFrom::kReplica:
+      return "replica";
+    case ReadFrom::kAny:
+      return "any";
+  }
+  return "?";
+}
+
+Backoff::Backoff(std::chrono::milliseconds budget) : deadline_(Clock::now() + budget) {}
+
+bool Backoff::expired() const {
+  return Clock::now() >= deadline_;
+}
+
+bool Backoff::wait() {
+  const auto now = Clock::now();
+  if (now >= deadline_) return false;
+  std::this_thread::sleep_for(std::min<Clock::duration>(step_, deadline_ - now));
+  step_ = std::min(step_ * 2, std::chrono::milliseconds{1000});
+  return true;
+}
+
+void Backoff::reset() {
+  step_ = std::chrono::milliseconds{50};
+}
+
+std::string_view command_key(std::span<const std::string_view> argv) {
+  if (argv.size() < 2) return {};
+  const std::string_view name = argv[0];
+  static constexpr std::string_view kKeyless[] = {
+      "PING",    "TIME",     "INFO",    "SCAN",     "KEYS",     "MULTI",   "EXEC",
+      "DISCARD", "UNWATCH",  "CLUSTER", "READONLY", "ASKING",   "AUTH",    "SELECT",
+      "DBSIZE",  "FLUSHALL", "FLUSHDB", "CONFIG",   "CLIENT",   "COMMAND", "SCRIPT",
+      "DEBUG",   "SHUTDOWN", "SAVE",    "BGSAVE",   "LASTSAVE", "WAIT",    "ROLE",
+      "ECHO",    "HELLO",    "ACL",     "MEMORY",   "OBJECT",   "LATENCY", "SLOWLOG"};
+  for (const std::string_view keyless : kKeyless) {
+    if (iequals(name, keyless)) return {};
+  }
+  if (iequals(name, "EVAL") || iequals(name, "EVALSHA")) {
+    if (argv.size() < 4 || argv[2] == "0") return {};
+    return argv[3];
+  }
+  return argv[1];
+}
+
+struct Client::Node {
+  RedisEndpoint endpoint;
+  bool replica = false;
+  std::unique_ptr<ConnectionPool> pool;
+};
+
+struct Client::Topology {
+  static constexpr uint16_t kUnserved = 0xFFFF;
+  struct Range {
+    size_t primary = kNoNode;
+    std::vector<size_t> replicas;
+    uint32_t slots = 0;
+  };
+  std::vector<uint16_t> slot_range = std::vector<uint16_t>(kClusterSlots, kUnserved);
+  std::vector<Range> ranges;
+  std::vector<size_t> primaries;  // distinct, in slot order
+
+  const Range* range_of(uint32_t slot) const {
+    const uint16_t index = slot_range[slot];
+    return index == kUnserved ? nullptr : &ranges[index];
+  }
+};
+
+Client::Client(std::vector<RedisEndpoint> seeds, ClientOptions options)
+    : seeds_(std::move(seeds)), options_(options) {
+  if (seeds_.empty()) throw std::invalid_argument("no Redis server named (an empty seed list)");
+  nodes_.reserve(kMaxNodes);
+}
+
+void Client::connect() {
+  topology();
+}
+
+bool Client::is_cluster() {
+  topology();
+  return cluster_;
+}
+
+void Client::discover() {
+  Backoff backoff(options_.retry_budget);
+  std::string last_error;
+  for (;;) {
+    for (const RedisEndpoint& seed : seeds_) {
+      std::optional<Connection> conn;
+      try {
+        conn.emplace(seed, options_.connect);
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+        continue;
+      }
+      const Reply info = conn->command({"INFO", "cluster"});
+      const bool cluster =
+          info.is_string() && info.str().find("cluster_enabled:1") != std::string::npos;
+      if (!cluster) {
+        // One server: node 0, every slot.
+        auto topology = std::make_shared<Topology>();
+        topology->ranges.push_back({0, {}, kClusterSlots});
+        std::fill(topology->slot_range.begin(), topology->slot_range.end(), 0);
+        topology->primaries = {0};
+        std::lock_guard lock(mutex_);
+        if (nodes_.empty()) {
+          nodes_.push_back(std::make_unique<Node>(
+              Node{seed, false,
+                   std::make_unique<ConnectionPool>(seed, options_.connections_per_node,
+                                                    options_.connect)}));
+        }
+        topology_ = std::move(topology);
+        return;
+      }
+      if (seed.db != 0) {
+        throw std::invalid_argument(fmt::format(
+            "Redis at {} is a cluster node, and a cluster has only database 0: drop the /{} "
+            "from the URL",
+            seed.describe(), seed.db));
+      }
+      cluster_ = true;
+      try {
+        load_topology(*conn,
+                      seed.transport == RedisEndpoint::Transport::kTcp ? seed.host : "127.0.0.1");
+        return;
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+      }
+    }
+    if (!backoff.wait()) break;
+  }
+  throw ConnectionError(fmt::format("no Redis server answers at {}: {}", describe(), last_error));
+}
+
+Client::~Client() = default;
+
+std::string Client::describe() const {
+  std::string text = seeds_.front().describe();
+  if (seeds_.size() > 1) text += fmt::format(" (and {} more seed nodes)", seeds_.size() - 1);
+  return text;
+}
+
+std::shared_ptr<const Client::Topology> Client::topology() {
+  {
+    std::lock_guard lock(mutex_);
+    if (topology_) return topology_;
+  }
+  std::lock_guard discovering(discover_mutex_);
+  {
+    std::lock_guard lock(mutex_);
+    if (topology_) return topology_;  // another thread found it meanwhile
+  }
+  discover();
+  std::lock_guard lock(mutex_);
+  return topology_;
+}
+
+Client::Node& Client::node(size_t index) const {
+  std::lock_guard lock(mutex_);
+  return *nodes_.at(index);
+}
+
+size_t Client::node_index(const ClusterNode& cluster_node, bool replica) {
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const RedisEndpoint& e = nodes_[i]->endpoint;
+    if (e.transport == RedisEndpoint::Transport::kTcp && e.host == cluster_node.host &&
+        e.port == cluster_node.port) {
+      return i;
+    }
+  }
+  if (nodes_.size() == kMaxNodes) {
+    throw ConnectionError(
+        fmt::format("the cluster at {} names more than {} nodes", describe(), kMaxNodes));
+  }
+  RedisEndpoint endpoint = seeds_.front();
+  endpoint.transport = RedisEndpoint::Transport::kTcp;
+  endpoint.host = cluster_node.host;
+  endpoint.port = cluster_node.port;
+  endpoint.socket_path.clear();
+  endpoint.db = 0;
+  ConnectOptions connect = options_.connect;
+  connect.readonly = replica;
+  nodes_.push_back(std::make_unique<Node>(
+      Node{endpoint, replica,
+           std::make_unique<ConnectionPool>(endpoint, options_.connections_per_node, connect)}));
+  return nodes_.size() - 1;
+}
+
+void Client::load_topology(Connection& conn, std::string_view asked_host) {
+  const Reply slots = conn.command({"CLUSTER", "SLOTS"});
+  if (slots.is_error()) {
+    throw ConnectionError(
+        fmt::format("CLUSTER SLOTS on {} failed: {}", conn.endpoint().describe(), slots.str()));
+  }
+  SlotMap map;
+  try {
+    map = SlotMap::from_cluster_slots(slots.raw(), asked_host);
+  } catch (const std::invalid_argument& e) {
+    throw ConnectionError(
+        fmt::format("CLUSTER SLOTS on {}: {}", conn.endpoint().describe(), e.what()));
+  }
+  auto topology = std::make_shared<Topology>();
+  for (const SlotMap::Range& range : map.ranges()) {
+    Topology::Range nodes;
+    nodes.primary = node_index(range.primary, false);
+    for (const ClusterNode& replica : range.replicas) {
+      nodes.replicas.push_back(node_index(replica, true));
+    }
+    nodes.slots = range.last - range.first + 1;
+    const auto index = static_cast<uint16_t>(topology->ranges.size());
+    topology->ranges.push_back(std::move(nodes));
+    for (uint32_t slot = range.first; slot <= range.last; ++slot) {
+      topology->slot_range[slot] = index;
+    }
+    if (std::find(topology->primaries.begin(), topology->primaries.end(),
+                  topology->ranges.back().primary) == topology->primaries.end()) {
+      topology->primaries.push_back(topology->ranges.back().primary);
+    }
+  }
+  if (topology->primaries.empty()) {
+    throw ConnectionError(
+        fmt::format("the cluster at {} serves no slot yet", conn.endpoint().describe()));
+  }
+  refreshes_.fetch_add(1, std::memory_order_relaxed);
+  last_refresh_ms_.store(now_ms(), std::memory_order_relaxed);
+  std::lock_guard lock(mutex_);
+  topology_ = std::move(topology);
+}
+
+void Client::refresh_topology() {
+  topology();  // found first, if it was not yet
+  if (!cluster_) return;
+  // Every node known, primaries first, then the seeds: any one that answers will do.
+  std::vector<RedisEndpoint> candidates;
+  {
+    const auto current = topology();
+    std::lock_guard lock(mutex_);
+    for (const size_t p : current->primaries) candidates.push_back(nodes_[p]->endpoint);
+    for (const auto& n : nodes_) candidates.push_back(n->endpoint);
+  }
+  candidates.insert(candidates.end(), seeds_.begin(), seeds_.end());
+  std::string last_error = "no node known";
+  for (const RedisEndpoint& endpoint : candidates) {
+    try {
+      Connection conn(endpoint, options_.connect);
+      load_topology(
+          conn, endpoint.transport == RedisEndpoint::Transport::kTcp ? endpoint.host : "127.0.0.1");
+      return;
+    } catch (const ConnectionError& e) {
+      last_error = e.what();
+    } catch (const ReplyError& e) {
+      last_error = e.what();
+    }
+  }
+  throw ConnectionError(
+      fmt::format("no node of the cluster at {} answers: {}", describe(), last_error));
+}
+
+void Client::refresh_if_stale() {
+  if (!cluster_) return;
+  int64_t last = last_refresh_ms_.load(std::memory_order_relaxed);
+  const int64_t now = now_ms();
+  if (now - last < kStaleTopology.count()) return;
+  if (!last_refresh_ms_.compare_exchange_strong(last, now)) return;  // another caller does it
+  try {
+    refresh_topology();
+  } catch (const ConnectionError& e) {
+    spdlog::debug("{}", e.what());
+  }
+}
+
+void Client::patch_slot(uint32_t slot, size_t node) {
+  std::lock_guard lock(mutex_);
+  auto patched = std::make_shared<Topology>(*topology_);
+  const auto index = static_cast<uint16_t>(patched->ranges.size());
+  patched->ranges.push_back({node, {}, 1});
+  patched->slot_range[slot] = index;
+  if (std::find(patched->primaries.begin(), patched->primaries.end(), node) ==
+      patched->primaries.end()) {
+    patched->primaries.push_back(node);
+  }
+  topology_ = std::move(patched);
+}
+
+size_t Client::route_primary(std::string_view key) {
+  const auto current = topology();
+  if (key.empty()) return current->primaries.front();
+  const Topology::Range* range = current->range_of(key_slot(key));
+  return range ? range->primary : kNoNode;
+}
+
+Client::Route Client::route_read(std::string_view key) {
+  const auto current = topology();
+  const Topology::Range* range = current->range_of(key_slot(key));
+  if (!range) return {};
+  Route route{range->primary, range->primary};
+  const size_t copies = range->replicas.size();
+  if (copies == 0 || options_.read_from == ReadFrom::kPrimary) return route;
+  const uint64_t turn = replica_turn_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.read_from == ReadFrom::kReplica) {
+    route.node = range->replicas[turn % copies];
+  } else if (const uint64_t pick = turn % (copies + 1); pick < copies) {
+    route.node = range->replicas[pick];
+  }
+  return route;
+}
+
+std::unique_ptr<Connection> Client::connect_node(size_t index) {
+  const Node& n = node(index);
+  ConnectOptions connect = options_.connect;
+  connect.readonly = n.replica;
+  return std::make_unique<Connection>(n.endpoint, connect);
+}
+
+std::string Client::describe_node(size_t index) const {
+  return node(index).endpoint.describe();
+}
+
+bool Client::is_replica(size_t index) const {
+  return node(index).replica;
+}
+
+Reply Client::command(std::initializer_list<std::string_view> argv) {
+  return command(std::span<const std::string_view>(argv.begin(), argv.size()));
+}
+
+Reply Client::command(std::span<const std::string_view> argv) {
+  return run(argv, command_key(argv));
+}
+
+Reply Client::run(std::span<const std::string_view> argv, std::string_view key) {
+  Backoff backoff(options_.retry_budget);
+  size_t ask_node = kNoNode;    // set by ASK: the next try goes there, after ASKING
+  size_t moved_node = kNoNode;  // set by MOVED when the map could not be reloaded
+  int redirects = 0;
+  std::string last_error;
+  const uint32_t slot = key.empty() ? 0 : key_slot(key);
+  for (;;) {
+    size_t target = ask_node != kNoNode     ? ask_node
+                    : moved_node != kNoNode ? moved_node
+                                            : route_primary(key);
+    const bool asking = ask_node != kNoNode;
+    ask_node = kNoNode;
+    moved_node = kNoNode;
+    if (target == kNoNode) {
+      last_error = fmt::format("no node serves slot {} now", slot);
+      try {
+        refresh_topology();
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+      }
+      if (!backoff.wait()) break;
+      continue;
+    }
+    Reply reply;
+    try {
+      ConnectionPool::Lease lease = node(target).pool->acquire();
+      if (asking) {
+        lease->append({"ASKING"});
+        lease->append(argv);
+        const Reply asked = lease->read_reply();
+        reply = lease->read_reply();
+      } else {
+        reply = lease->command(argv);
+      }
+    } catch (const ConnectionError& e) {
+      last_error = e.what();
+      if (cluster_) {
+        try {
+          refresh_topology();
+        } catch (const ConnectionError& refresh_error) {
+          spdlog::debug("{}", refresh_error.what());
+        }
+      }
+      if (!backoff.wait()) break;
+      continue;
+    }
+    if (!reply.is_error()) return reply;
+    const std::string_view message = reply.str();
+    if (const std::optional<Redirect> redirect = parse_redirect(message)) {
+      redirects_.fetch_add(1, std::memory_order_relaxed);
+      if (++redirects > kMaxRedirects) {
+        throw ConnectionError(fmt::format(
+            "Redis at {}: more than {} redirections for one command (last: {}); the cluster's "
+            "nodes disagree about slot {}",
+            describe(), kMaxRedirects, log_text(message), redirect->slot));
+      }
+      const size_t to = node_index(redirect->node, false);
+      if (redirect->kind == Redirect::Kind::kAsk) {
+        ask_node = to;
+        continue;
+      }
+      patch_slot(redirect->slot, to);
+      if (now_ms() - last_refresh_ms_.load(std::memory_order_relaxed) >= kRefreshInterval.count()) {
+        try {
+          refresh_topology();
+        } catch (const ConnectionError&) {
+          moved_node = to;
+        }
+      }
+      continue;
+    }
+    if (is_not_now(message)) {
+      last_error = fmt::format("Redis at {} is not ready: {}", describe_node(target), message);
+      if (message.starts_with("CLUSTERDOWN")) {
+        try {
+          refresh_topology();
+        } catch (const ConnectionError&) {
+        }
+      }
+      if (!backoff.wait()) break;
+      continue;
+    }
+    return reply;
+  }
+  throw ConnectionError(last_error);
+}
+
+ConnectionPool::Lease Client::lease_for_key(std::string_view key) {
+  size_t target = route_primary(key);
+  if (target == kNoNode) {
+    refresh_topology();
+    target = route_primary(key);
+    if (target == kNoNode) {
+      throw ConnectionError(
+          fmt::format("Redis at {}: no node serves slot {} now", describe(), key_slot(key)));
+    }
+  }
+  return node(target).pool->acquire();
+}
+
+void Client::for_each_primary(const std::function<void(Connection&)>& fn) {
+  Backoff backoff(options_.retry_budget);
+  for (;;) {
+    try {
+      const auto current = topology();
+      for (const size_t primary : current->primaries) {
+        ConnectionPool::Lease lease = node(primary).pool->acquire();
+        fn(*lease);
+      }
+      return;
+    } catch (const ConnectionError& e) {
+      if (backoff.expired()) throw;
+      spdlog::debug("{}; trying every primary again", e.what());
+      if (cluster_) {
+        try {
+          refresh_topology();
+        } catch (const ConnectionError&) {
+        }
+      }
+      if (!backoff.wait()) throw;
+    }
+  }
+}
+
+void Client::pipeline_views(std::span<const std::vector<std::string_view>> commands, size_t window,
+                            const std::function<void(size_t, Reply&)>& on_reply) {
+  std::unordered_map<size_t, std::vector<size_t>> by_node;
+  std::vector<size_t> again;  // run alone through command()
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const size_t target = route_primary(command_key(commands[i]));
+    if (target == kNoNode) {
+      again.push_back(i);
+    } else {
+      by_node[target].push_back(i);
+    }
+  }
+  for (auto& [target, indices] : by_node) {
+    size_t delivered = 0;
+    try {
+      ConnectionPool::Lease lease = node(target).pool->acquire();
+      window = std::max<size_t>(window, 1);
+      size_t sent = 0;
+      while (delivered < indices.size()) {
+        while (sent < indices.size() && sent - delivered < window) {
+          lease->append(std::span<const std::string_view>(commands[indices[sent]]));
+          ++sent;
+        }
+        Reply reply = lease->read_reply();
+        const size_t index = indices[delivered++];
+        if (reply.is_error() && (parse_redirect(reply.str()) || is_not_now(reply.str()))) {
+          again.push_back(index);
+        } else {
+          on_reply(index, reply);
+        }
+      }
+    } catch (const ConnectionError& e) {
+      if (!cluster_ && options_.retry_budget.count() == 0) throw;
+      spdlog::debug("pipeline to {} broke ({}); running the rest one by one", describe_node(target),
+                    e.what());
+      again.insert(again.end(), indices.begin() + static_cast<ptrdiff_t>(delivered), indices.end());
+    }
+  }
+  for (const size_t index : again) {
+    Reply reply = command(std::span<const std::string_view>(commands[index]));
+    on_reply(index, reply);
+  }
+}
+
+ValueReply Client::get_one(const std::string& key, std::chrono::milliseconds retry_budget) {
+  const std::string_view argv[] = {"GET", key};
+  Backoff backoff(retry_budget);
+  for (;;) {
+    try {
+      // run() keeps the client's own budget; a caller's shorter one bounds the outer loop.
+      Reply reply = run(argv, key);
+      ValueReply value;
+      if (reply.is_nil()) {
+        value.kind = ValueReply::Kind::kNil;
+      } else if (reply.is_error()) {
+        value.kind = ValueReply::Kind::kError;
+        value.error = std::string(reply.str());
+      } else {
+        value.kind = ValueReply::Kind::kValue;
+        const std::string_view bytes = reply.str();
+        value.size = bytes.size();
+        value.bytes = std::make_unique_for_overwrite<char[]>(std::max<size_t>(bytes.size(), 1));
+        std::memcpy(value.bytes.get(), bytes.data(), bytes.size());
+      }
+      return value;
+    } catch (const ConnectionError&) {
+      if (!backoff.wait()) throw;
+    }
+  }
+}
+
+std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, size_t window,
+                                           std::chrono::milliseconds retry_budget,
+                                           uint64_t* retries) {
+  refresh_if_stale();
+  std::vector<ValueReply> replies(keys.size());
+  std::vector<size_t> pending(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
+  Backoff backoff(retry_budget);
+  bool avoid_replicas = false;  // after a replica failed: ask the primaries
+  std::string last_error;
+  while (!pending.empty()) {
+    try {
+      topology();  // a client that never reached Redis finds it first, within this budget too
+    } catch (const ConnectionError& e) {
+      last_error = e.what();
+      if (!backoff.wait()) throw;
+      if (retries) ++*retries;
+      continue;
+    }
+    std::unordered_map<size_t, std::vector<size_t>> by_node;
+    std::vector<size_t> from_primary;  // a replica's nil, a redirection: asked alone
+    std::vector<size_t> retry;
+    for (const size_t i : pending) {
+      const Route route = route_read(keys[i]);
+      if (route.node == kNoNode) {
+        retry.push_back(i);
+        last_error =
+            fmt::format("Redis at {}: no node serves slot {} now", describe(), key_slot(keys[i]));
+        continue;
+      }
+      by_node[avoid_replicas ? route.primary : route.node].push_back(i);
+    }
+    for (auto& [target, indices] : by_node) {
+      std::vector<std::string> group;
+      group.reserve(indices.size());
+      for (const size_t i : indices) group.push_back(keys[i]);
+      std::vector<ValueReply> got;
+      try {
+        ConnectionPool::Lease lease = node(target).pool->acquire();
+        got = lease->get_values(group, window);
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+        if (node(target).replica) avoid_replicas = true;
+        retry.insert(retry.end(), indices.begin(), indices.end());
+        continue;
+      }
+      const bool replica = node(target).replica;
+      for (size_t k = 0; k < indices.size(); ++k) {
+        ValueReply& reply = got[k];
+        const size_t i = indices[k];
+        if (reply.kind == ValueReply::Kind::kError && is_not_now(reply.error)) {
+          last_error =
+              fmt::format("Redis at {} is not ready: {}", describe_node(target), reply.error);
+          retry.push_back(i);
+        } else if ((reply.kind == ValueReply::Kind::kError && parse_redirect(reply.error)) ||
+                   (reply.kind == ValueReply::Kind::kNil && replica)) {
+          if (reply.kind == ValueReply::Kind::kError) {
+            redirects_.fetch_add(1, std::memory_order_relaxed);
+          }
+          from_primary.push_back(i);
+        } else {
+          replies[i] = std::move(reply);
+        }
+      }
+    }
+    for (const size_t i : from_primary) replies[i] = get_one(keys[i], retry_budget);
+    if (retry.empty()) break;
+    if (cluster_) {
+      try {
+        refresh_topology();
+      } catch (const ConnectionError& e) {
+        last_error = e.what();
+      }
+    }
+    if (!backoff.wait()) throw ConnectionError(last_error);
+    if (retries) ++*retries;
+    pending = std::move(retry);
+  }
+  return replies;
+}
+
+bool Client::answers_within(std::chrono::milliseconds limit) {
+  std::vector<RedisEndpoint> candidates;
+  {
+    std::lock_guard lock(mutex_);
+    if (topology_) {
+      for (const size_t p : topology_->primaries) candidates.push_back(nodes_[p]->endpoint);
+    }
+  }
+  if (candidates.empty()) candidates = seeds_;
+  for (const RedisEndpoint& endpoint : candidates) {
+    try {
+      Connection probe(endpoint, ConnectOptions{.connect_timeout = limit, .io_timeout = limit});
+      if (!probe.command({"PING"}).is_error()) return true;
+    } catch (const std::exception&) {  // ConnectionError, or an AUTH refused at connect
+    }
+  }
+  return false;
+}
+
+std::vector<NodeReport> Client::nodes() {
+  const auto current = topology();
+  std::vector<NodeReport> reports;
+  std::unordered_map<size_t, size_t> report_of;
+  auto report = [&](size_t index, bool primary) -> NodeReport& {
+    if (const auto it = report_of.find(index); it != report_of.end()) return reports[it->second];
+    report_of[index] = reports.size();
+    const Node& n = node(index);
+    reports.push_back(NodeReport{node_address(n.endpoint), primary, 0, n.pool->connects()});
+    return reports.back();
+  };
+  for (const Topology::Range& range : current->ranges) {
+    report(range.primary, true).slots += range.slots;
+    for (const size_t replica : range.replicas) report(replica, false);
+  }
+  return reports;
+}
+
+uint64_t Client::connects() const {
+  std::lock_guard lock(mutex_);
+  uint64_t total = 0;
+  for (const auto& n : nodes_) total += n->pool->connects();
+  return total;
+}
+
+// RoutedPipeline
+
+RoutedPipeline::RoutedPipeline(Client& client) : client_(client) {}
+RoutedPipeline::~RoutedPipeline() = default;
+
+Connection& RoutedPipeline::connection(size_t node) {
+  if (connections_.size() <= node) connections_.resize(node + 1);
+  if (!connections_[node] || connections_[node]->broken()) {
+    connections_[node] = client_.connect_node(node);
+  }
+  return *connections_[node];
+}
+
+void RoutedPipeline::append(std::span<const std::string_view> argv) {
+  size_t target = client_.route_primary(command_key(argv));
+  if (target == Client::kNoNode) {
+    client_.refresh_topology();
+    target = client_.route_primary(command_key(argv));
+    if (target == Client::kNoNode) {
+      throw ConnectionError(fmt::format("Redis at {}: no node serves the slot of '{}' now",
+                                        client_.describe(), log_text(command_key(argv))));
+    }
+  }
+  try {
+    connection(target).append(argv);
+  } catch (const ConnectionError&) {
+    reset();
+    throw;
+  }
+  order_.push_back(Sent{target, std::vector<std::string_view>(argv.begin(), argv.end())});
+}
+
+void RoutedPipeline::append(std::initializer_list<std::string_view> argv) {
+  append(std::span<const std::string_view>(argv.begin(), argv.size()));
+}
+
+Reply RoutedPipeline::read_reply() {
+  if (order_.empty()) throw std::logic_error("RoutedPipeline::read_reply with nothing appended");
+  Reply reply;
+  try {
+    reply = connections_.at(order_.front().node)->read_reply();
+  } catch (const ConnectionError&) {
+    reset();
+    throw;
+  }
+  const Sent sent = std::move(order_.front());
+  order_.pop_front();
+  if (reply.is_error() && (parse_redirect(reply.str()) || is_not_now(reply.str()))) {
+    reply = client_.command(std::span<const std::string_view>(sent.argv));
+  }
+  return reply;
+}
+
+void RoutedPipeline::reset() {
+  connections_.clear();
+  order_.clear();
+}
+
+// GetRouter
+
+struct GetRouter::NodeStream {
+  size_t node = 0;
+  bool replica = false;
+  std::unique_ptr<Connection> connection;
+  std::unique_ptr<GetStream> stream;
+  std::deque<std::pair<uint64_t, std::string>> sent;  // tag and key, oldest first
+};
+
+GetRouter::GetRouter(Client& client) : client_(client) {}
+
+GetRouter::~GetRouter() {
+  reset();
+}
+
+GetRouter::NodeStream& GetRouter::stream(size_t node) {
+  for (auto& s : streams_) {
+    if (s->node == node) return *s;
+  }
+  auto created = std::make_unique<NodeStream>();
+  created->node = node;
+  created->connection = client_.connect_node(node);
+  created->stream = std::make_unique<GetStream>(*created->connection);
+  std::lock_guard lock(streams_mutex_);
+  if (interrupted_) created->connection->interrupt();
+  streams_.push_back(std::move(created));
+  return *streams_.back();
+}
+
+void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t> tags) {
+  if (interrupted_) throw ConnectionError("the GET router was interrupted");
+  client_.refresh_if_stale();
+  std::unordered_map<size_t, std::vector<std::string>> by_node;
+  std::unordered_map<size_t, std::vector<uint64_t>> tags_by_node;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Client::Route route = client_.route_read(keys[i]);
+    if (route.node == Client::kNoNode) {
+      client_.refresh_topology();
+      route = client_.route_read(keys[i]);
+      if (route.node == Client::kNoNode) {
+        reset();
+        throw ConnectionError(fmt::format("Redis at {}: no node serves slot {} now",
+                                          client_.describe(), key_slot(keys[i])));
+      }
+    }
+    by_node[route.node].push_back(keys[i]);
+    tags_by_node[route.node].push_back(tags[i]);
+  }
+  try {
+    for (auto& [node, group] : by_node) {
+      NodeStream& s = stream(node);
+      s.replica = route_is_replica(node);
+      s.stream->send(group);
+      const std::vector<uint64_t>& group_tags = tags_by_node[node];
+      for (size_t k = 0; k < group.size(); ++k) {
+        s.sent.emplace_back(group_tags[k], std::move(group[k]));
+      }
+      outstanding_ += group.size();
+    }
+  } catch (const ConnectionError&) {
+    reset();
+    throw;
+  }
+}
+
+GetRouter::Received GetRouter::receive() {
+  if (outstanding_ == 0) throw std::logic_error("GetRouter::receive with no GET outstanding");
+  try {
+    NodeStream* ready = nullptr;
+    // Bytes already read count first; then whichever socket has something.
+    for (size_t k = 0; k < streams_.size() && !ready; ++k) {
+      NodeStream& s = *streams_[(next_ + k) % streams_.size()];
+      if (!s.sent.empty() && s.stream->buffered()) ready = &s;
+    }
+    if (!ready) {
+      std::vector<pollfd> fds;
+      std::vector<NodeStream*> owners;
+      for (auto& s : streams_) {
+        if (s->sent.empty()) continue;
+        fds.push_back(pollfd{s->stream->fd(), POLLIN, 0});
+        owners.push_back(s.get());
+      }
+      if (owners.size() == 1) {
+        ready = owners.front();  // one node: its blocking read (with its timeout) is enough
+      } else {
+        const int timeout_ms = static_cast<int>(client_.options().connect.io_timeout.count());
+        int n = 0;
+        do {
+          n = ::poll(fds.data(), fds.size(), timeout_ms);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+          throw ConnectionError(fmt::format("no GET reply from any of {} nodes of {} within {} ms",
+                                            owners.size(), client_.describe(), timeout_ms));
+        }
+        for (size_t k = 0; k < fds.size(); ++k) {
+          const size_t at = (next_ + k) % fds.size();
+          if (fds[at].revents != 0) {
+            ready = owners[at];
+            break;
+          }
+        }
+      }
+    }
+    ++next_;
+    if (interrupted_) throw ConnectionError("the GET router was interrupted");
+    ValueReply reply = ready->stream->receive();
+    auto [tag, key] = std::move(ready->sent.front());
+    ready->sent.pop_front();
+    --outstanding_;
+    const bool settle = (reply.kind == ValueReply::Kind::kError &&
+                         (parse_redirect(reply.error) || is_not_now(reply.error))) ||
+                        (reply.kind == ValueReply::Kind::kNil && ready->replica);
+    if (settle) reply = client_.get_one(key, client_.options().retry_budget);
+    return Received{tag, std::move(reply)};
+  } catch (const ConnectionError&) {
+    reset();
+    throw;
+  }
+}
+
+bool GetRouter::route_is_replica(size_t node) const {
+  return client_.is_cluster() && client_.is_replica(node);
+}
+
+void GetRouter::interrupt() {
+  interrupted_ = true;
+  std::lock_guard lock(streams_mutex_);
+  for (auto& s : streams_) s->connection->interrupt();
+}
+
+void GetRouter::reset() {
+  std::lock_guard lock(streams_mutex_);
+  for (auto& s : streams_) s->stream.reset();  // before the connection it reads
+  streams_.clear();
+  outstanding_ = 0;
+}
+
+}  // namespace dsfs::store

@@ -1,0 +1,400 @@
+// store::Client, the one way dsfs reaches Redis: the same calls on one server and on a real
+// local cluster (3 primaries + 3 replicas, LocalCluster in a temp DSFS_HOME): routing by slot,
+// GETs grouped per node and given back in order, MOVED and ASK while a slot moves, reads from
+// replicas (a replica's nil asked of the primary), and a primary that dies mid-read.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/store/client.h"
+#include "src/store/errors.h"
+#include "src/store/local_cluster.h"
+#include "tests/unit/support/files.h"
+#include "tests/unit/support/test_redis.h"
+
+namespace dsfs::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string value_of(const std::string& key) {
+  return "value of " + key + std::string(key.size() * 37 % 300, 'x');
+}
+
+std::vector<std::string> keys_over_slots(size_t count) {
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < count; ++i) keys.push_back("t:obj:" + std::to_string(i));
+  return keys;
+}
+
+std::string text(const ValueReply& reply) {
+  EXPECT_EQ(reply.kind, ValueReply::Kind::kValue) << reply.error;
+  return reply.kind == ValueReply::Kind::kValue ? std::string(reply.bytes.get(), reply.size) : "";
+}
+
+// One field of INFO's text, e.g. "cmdstat_get" -> "calls=12,...": the calls count.
+uint64_t get_calls(Connection& conn) {
+  const Reply info = conn.command({"INFO", "commandstats"});
+  const std::string_view s = info.str();
+  const size_t at = s.find("cmdstat_get:calls=");
+  if (at == std::string_view::npos) return 0;
+  return std::stoull(std::string(s.substr(at + 18, 20)));
+}
+
+RedisEndpoint tcp(int port) {
+  RedisEndpoint e;
+  e.host = "127.0.0.1";
+  e.port = port;
+  return e;
+}
+
+TEST(ClientSingleServer, RoutesEverythingToTheOneServerAndKeepsTheOrder) {
+  test::TestRedisServer server;
+  Client client({server.endpoint()});
+  EXPECT_FALSE(client.is_cluster());
+  const std::vector<std::string> keys = keys_over_slots(100);
+  std::vector<std::vector<std::string>> sets;
+  for (const std::string& k : keys) sets.push_back({"SET", k, value_of(k)});
+  size_t acknowledged = 0;
+  client.pipeline(sets, 16, [&](size_t, const Reply& reply) {
+    EXPECT_FALSE(reply.is_error()) << reply.str();
+    ++acknowledged;
+  });
+  EXPECT_EQ(acknowledged, keys.size());
+  const std::vector<ValueReply> got = client.get_values(keys, 8, 1s);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_EQ(client.command({"GET", "t:absent"}).is_nil(), true);
+  const std::vector<NodeReport> nodes = client.nodes();
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].slots, kClusterSlots);
+}
+
+TEST(ClientSingleServer, ADownServerFailsWithinTheBudgetNamingIt) {
+  test::TestRedisServer server;
+  Client client({server.endpoint()}, ClientOptions{.retry_budget = 300ms});
+  server.stop();
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> keys = {"a"};
+  try {
+    client.get_values(keys, 1, 300ms);
+    FAIL() << "a stopped server answered";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(server.port())), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // a hang guard, not a timing
+  EXPECT_THROW(client.get_values(keys, 1, 0ms), ConnectionError);
+}
+
+TEST(ClientSingleServer, NoSeedAnsweringIsAClearError) {
+  const int port = test::free_tcp_port();
+  try {
+    Client client({tcp(port)}, ClientOptions{.retry_budget = 100ms});
+    client.connect();
+    FAIL() << "connected to nothing";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Client({}), std::invalid_argument);
+}
+
+TEST(ClientCommandKey, FindsTheKeyOfEachCommandDsfsSends) {
+  auto key = [](std::initializer_list<std::string_view> argv) {
+    return std::string(command_key(std::span<const std::string_view>(argv.begin(), argv.size())));
+  };
+  EXPECT_EQ(key({"GET", "k"}), "k");
+  EXPECT_EQ(key({"hset", "h", "f", "v"}), "h");
+  EXPECT_EQ(key({"EVALSHA", "sha", "1", "k", "arg"}), "k");
+  EXPECT_EQ(key({"EVAL", "return 1", "0"}), "");
+  EXPECT_EQ(key({"SCAN", "0", "MATCH", "x*"}), "");
+  EXPECT_EQ(key({"info", "cluster"}), "");
+  EXPECT_EQ(key({"PING"}), "");
+  EXPECT_EQ(parse_read_from("replica"), ReadFrom::kReplica);
+  EXPECT_THROW(parse_read_from("secondary"), std::invalid_argument);
+}
+
+// 3 primaries with a replica each, in a temp DSFS_HOME; stopped (SHUTDOWN) on destruction.
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<LocalCluster>(home_.path());
+    cluster_->start(3, 1);
+    const LocalClusterStatus status = cluster_->status();
+    for (const LocalClusterNodeStatus& node : status.nodes) {
+      (node.role == "primary" ? primaries_ : replicas_).push_back(node.port);
+    }
+    ASSERT_EQ(primaries_.size(), 3u);
+    ASSERT_EQ(replicas_.size(), 3u);
+  }
+  void TearDown() override {
+    try {
+      cluster_->stop();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "stopping the cluster: " << e.what();
+    }
+    // A killed node is stopped by stop() only if it runs; kill any left by pid files.
+  }
+
+  // Writes keys through a client (routed by slot) and waits until every replica has them.
+  void write_keys(Client& client, const std::vector<std::string>& keys) {
+    std::vector<std::vector<std::string>> sets;
+    for (const std::string& k : keys) sets.push_back({"SET", k, value_of(k)});
+    client.pipeline(sets, 32, [&](size_t i, const Reply& reply) {
+      ASSERT_FALSE(reply.is_error()) << keys[i] << ": " << reply.str();
+    });
+    for (const int port : primaries_) {
+      Connection conn(tcp(port));
+      const Reply waited = conn.command({"WAIT", "1", "5000"});
+      ASSERT_EQ(waited.integer(), 1) << "replica of " << port << " did not catch up";
+    }
+  }
+
+  // Redis lists a replica in CLUSTER SLOTS only once it has replicated something: waits
+  // (bounded) until every range names one, as a client started later would see them.
+  void wait_until_replicas_listed() {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (;;) {
+      bool all = true;  // in every node's own view
+      for (const int port : primaries_) {
+        for (const int asked : {port, replicas_.at(&port - primaries_.data())}) {
+          Connection conn(tcp(asked));
+          const Reply slots = conn.command({"CLUSTER", "SLOTS"});
+          const SlotMap map = SlotMap::from_cluster_slots(slots.raw(), "127.0.0.1");
+          all = all && !map.ranges().empty();
+          for (const SlotMap::Range& range : map.ranges()) all = all && !range.replicas.empty();
+        }
+      }
+      if (all) return;
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "replicas never listed";
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+
+  // The primary port serving `slot`, by asking a node.
+  int owner_of(uint32_t slot) {
+    Connection conn(tcp(primaries_[0]));
+    const Reply slots = conn.command({"CLUSTER", "SLOTS"});
+    const SlotMap map = SlotMap::from_cluster_slots(slots.raw(), "127.0.0.1");
+    return map.find(slot)->primary.port;
+  }
+
+  std::string node_id(int port) {
+    Connection conn(tcp(port));
+    return std::string(conn.command({"CLUSTER", "MYID"}).str());
+  }
+
+  test::TempDir home_;
+  std::unique_ptr<LocalCluster> cluster_;
+  std::vector<int> primaries_;
+  std::vector<int> replicas_;
+};
+
+TEST_F(ClusterTest, DetectsTheClusterAndSpreadsKeysOverEveryPrimary) {
+  const std::vector<std::string> keys = keys_over_slots(300);
+  {
+    Client writer({tcp(primaries_[2])});
+    write_keys(writer, keys);
+  }
+  wait_until_replicas_listed();
+  Client client({tcp(replicas_[0])});  // any node is a seed, even a replica
+  ASSERT_TRUE(client.is_cluster());
+  const std::vector<NodeReport> nodes = client.nodes();
+  uint32_t slots = 0;
+  size_t primaries = 0;
+  for (const NodeReport& node : nodes) {
+    slots += node.slots;
+    primaries += node.primary ? 1 : 0;
+  }
+  EXPECT_EQ(slots, kClusterSlots);
+  EXPECT_EQ(primaries, 3u);
+  EXPECT_EQ(nodes.size(), 6u);
+  for (const int port : primaries_) {
+    Connection conn(tcp(port));
+    EXPECT_GT(conn.command({"DBSIZE"}).integer(), 50) << "primary " << port << " holds too few";
+  }
+  const std::vector<ValueReply> got = client.get_values(keys, 8, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  // Keyed commands and {tag} keys go to one slot; a keyless one to some primary.
+  EXPECT_FALSE(client.command({"HSET", "{ds}:info", "a", "1"}).is_error());
+  EXPECT_FALSE(client.command({"SADD", "{ds}:gens", "1"}).is_error());
+  EXPECT_EQ(client.command({"EXISTS", "{ds}:info", "{ds}:gens"}).integer(), 2);
+  EXPECT_TRUE(client.command({"TIME"}).is_array());
+  // Every primary is visited once.
+  std::set<int> visited;
+  client.for_each_primary([&](Connection& conn) { visited.insert(conn.endpoint().port); });
+  EXPECT_EQ(visited, std::set<int>(primaries_.begin(), primaries_.end()));
+}
+
+TEST_F(ClusterTest, RoutedPipelineAndGetRouterReachEveryNode) {
+  Client client({tcp(primaries_[1])});
+  const std::vector<std::string> keys = keys_over_slots(200);
+  std::vector<std::string> values;
+  for (const std::string& k : keys) values.push_back(value_of(k));
+  RoutedPipeline pipeline(client);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    pipeline.append({"SET", keys[i], values[i]});
+    if (pipeline.pending() > 16) {
+      EXPECT_FALSE(pipeline.read_reply().is_error());
+    }
+  }
+  while (pipeline.pending() > 0) EXPECT_FALSE(pipeline.read_reply().is_error());
+
+  GetRouter router(client);
+  std::vector<uint64_t> tags;
+  for (size_t i = 0; i < keys.size(); ++i) tags.push_back(1000 + i);
+  router.send(keys, tags);
+  std::map<uint64_t, std::string> received;
+  while (router.outstanding() > 0) {
+    GetRouter::Received r = router.receive();
+    received[r.tag] = text(r.reply);
+  }
+  ASSERT_EQ(received.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(received[1000 + i], values[i]);
+}
+
+TEST_F(ClusterTest, ASlotMovingAnswersAskThenMovedAndReadsStayRight) {
+  Client client({tcp(primaries_[0])});
+  // Keys of one slot, so the migration moves them together.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back("{moving}:k" + std::to_string(i));
+  write_keys(client, keys);
+  const uint32_t slot = key_slot(keys[0]);
+  const int source = owner_of(slot);
+  const int target = source == primaries_[0] ? primaries_[1] : primaries_[0];
+  Connection src(tcp(source));
+  Connection dst(tcp(target));
+  const std::string slot_text = std::to_string(slot);
+  ASSERT_FALSE(
+      dst.command({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", node_id(source)}).is_error());
+  ASSERT_FALSE(
+      src.command({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", node_id(target)}).is_error());
+  // Half the keys moved: the source answers ASK for those.
+  for (int i = 0; i < 3; ++i) {
+    const Reply migrated =
+        src.command({"MIGRATE", "127.0.0.1", std::to_string(target), keys[i], "0", "5000"});
+    ASSERT_FALSE(migrated.is_error()) << migrated.str();
+  }
+  const uint64_t before = client.redirects();
+  std::vector<ValueReply> got = client.get_values(keys, 4, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_GT(client.redirects(), before);  // the moved ones were asked elsewhere
+  EXPECT_EQ(std::string(client.command({"GET", keys[0]}).str()), value_of(keys[0]));
+
+  // The rest moves and the slot is given to the target: MOVED, then the map is right again.
+  for (int i = 3; i < 6; ++i) {
+    ASSERT_FALSE(src.command({"MIGRATE", "127.0.0.1", std::to_string(target), keys[i], "0", "5000"})
+                     .is_error());
+  }
+  const std::string target_id = node_id(target);
+  for (const int port : primaries_) {
+    Connection conn(tcp(port));
+    ASSERT_FALSE(conn.command({"CLUSTER", "SETSLOT", slot_text, "NODE", target_id}).is_error());
+  }
+  got = client.get_values(keys, 4, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  const uint64_t after_moved = client.redirects();
+  got = client.get_values(keys, 4, 5s);  // the map knows now: no more redirections
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_EQ(client.redirects(), after_moved);
+}
+
+TEST_F(ClusterTest, ReplicaReadsLeaveThePrimariesAloneAndANilIsAskedOfThePrimary) {
+  {
+    Client writer({tcp(primaries_[0])});
+    write_keys(writer, keys_over_slots(300));
+  }
+  wait_until_replicas_listed();
+  std::map<int, uint64_t> calls_before;
+  for (const int port : primaries_) {
+    Connection conn(tcp(port));
+    calls_before[port] = get_calls(conn);
+  }
+  Client client({tcp(primaries_[0])}, ClientOptions{.read_from = ReadFrom::kReplica});
+  const std::vector<std::string> keys = keys_over_slots(300);
+  std::vector<ValueReply> got = client.get_values(keys, 8, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  GetRouter router(client);
+  std::vector<uint64_t> tags(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) tags[i] = i;
+  router.send(keys, tags);
+  while (router.outstanding() > 0) {
+    GetRouter::Received r = router.receive();
+    EXPECT_EQ(text(r.reply), value_of(keys[r.tag]));
+  }
+  uint64_t replica_gets = 0;
+  for (const int port : replicas_) {
+    Connection conn(tcp(port));
+    replica_gets += get_calls(conn);
+  }
+  EXPECT_GE(replica_gets, 2 * keys.size());
+  for (const int port : primaries_) {
+    Connection conn(tcp(port));
+    EXPECT_EQ(get_calls(conn), calls_before[port]) << "primary " << port << " served GETs";
+  }
+
+  // A replica behind its primary answers nil for a key just published: the GET is asked of the
+  // primary, never reported missing at once. A key that exists nowhere shows the path: the
+  // primary is asked too, and nil is the answer.
+  const std::string missing = "t:not-there";
+  const int primary = owner_of(key_slot(missing));
+  Connection primary_conn(tcp(primary));
+  const uint64_t before = get_calls(primary_conn);
+  const std::vector<std::string> one = {missing};
+  EXPECT_EQ(client.get_values(one, 1, 5s)[0].kind, ValueReply::Kind::kNil);
+  EXPECT_EQ(get_calls(primary_conn), before + 1);
+}
+
+TEST_F(ClusterTest, APrimaryThatDiesIsReplacedAndReadsGoOn) {
+  for (const int port : primaries_) {
+    Connection conn(tcp(port));
+    conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"});
+  }
+  for (const int port : replicas_) {
+    Connection conn(tcp(port));
+    conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"});
+  }
+  Client client({tcp(primaries_[0]), tcp(primaries_[1])},
+                ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
+                              .retry_budget = 30s});
+  Client from_replicas({tcp(primaries_[0])},
+                       ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
+                                     .read_from = ReadFrom::kReplica,
+                                     .retry_budget = 0ms});
+  const std::vector<std::string> keys = keys_over_slots(300);
+  write_keys(client, keys);
+  wait_until_replicas_listed();
+  from_replicas.refresh_topology();
+  // Kill the primary of the slots from 0 (not the seed of from_replicas).
+  const int victim = owner_of(0);
+  try {
+    Connection conn(tcp(victim));
+    conn.command({"SHUTDOWN", "NOSAVE"});
+  } catch (const ConnectionError&) {  // the server closes the connection as it goes
+  }
+  // With replica reads, nothing fails even before the failover (budget 0: one try).
+  std::vector<ValueReply> got = from_replicas.get_values(keys, 8, 0ms);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  // Reads from primaries wait for the replica's promotion, then go on.
+  got = client.get_values(keys, 8, 30s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_GT(client.topology_refreshes(), 1u);
+  bool promoted = false;
+  for (const NodeReport& node : client.nodes()) {
+    if (node.primary && node.address == "127.0.0.1:" + std::to_string(victim)) {
+      ADD_FAILURE() << "the dead primary still serves slots";
+    }
+    promoted = promoted || (node.primary && node.slots > 0);
+  }
+  EXPECT_TRUE(promoted);
+}
+
+}  // namespace
+}  // namespace dsfs::store
