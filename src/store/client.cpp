@@ -149,8 +149,8 @@ bool Client::is_cluster() {
   return cluster_;
 }
 
-void Client::discover() {
-  Backoff backoff(options_.retry_budget);
+void Client::discover(std::chrono::milliseconds budget) {
+  Backoff backoff(budget);
   std::string last_error;
   for (;;) {
     for (const RedisEndpoint& seed : seeds_) {
@@ -208,7 +208,8 @@ std::string Client::describe() const {
   return text;
 }
 
-std::shared_ptr<const Client::Topology> Client::topology() {
+std::shared_ptr<const Client::Topology> Client::topology(
+    std::optional<std::chrono::milliseconds> budget) {
   {
     std::lock_guard lock(mutex_);
     if (topology_) return topology_;
@@ -218,7 +219,7 @@ std::shared_ptr<const Client::Topology> Client::topology() {
     std::lock_guard lock(mutex_);
     if (topology_) return topology_;  // another thread found it meanwhile
   }
-  discover();
+  discover(budget.value_or(options_.retry_budget));
   std::lock_guard lock(mutex_);
   return topology_;
 }
@@ -605,7 +606,7 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
   std::string last_error;
   while (!pending.empty()) {
     try {
-      topology();  // a client that never reached Redis finds it first, within this budget too
+      topology(retry_budget);  // a client that never reached Redis finds it first
     } catch (const ConnectionError& e) {
       last_error = e.what();
       if (!backoff.wait()) throw;

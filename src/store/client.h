@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -162,8 +163,10 @@ class Client {
  private:
   struct Node;
   struct Topology;
-  std::shared_ptr<const Topology> topology();  // discovers it on first use
-  void discover();
+  // Discovers it on first use, retrying within `budget` (the client's retry budget if none).
+  std::shared_ptr<const Topology> topology(
+      std::optional<std::chrono::milliseconds> budget = std::nullopt);
+  void discover(std::chrono::milliseconds budget);
   size_t node_index(const ClusterNode& node, bool replica);  // adds it if new
   Node& node(size_t index) const;
   void load_topology(Connection& conn, std::string_view asked_host);

@@ -163,8 +163,8 @@ class ClusterTest : public ::testing::Test {
     const auto deadline = std::chrono::steady_clock::now() + 30s;
     for (;;) {
       bool all = true;  // in every node's own view
-      for (const int port : primaries_) {
-        for (const int asked : {port, replicas_.at(&port - primaries_.data())}) {
+      for (size_t i = 0; i < primaries_.size(); ++i) {
+        for (const int asked : {primaries_[i], replicas_[i]}) {
           Connection conn(tcp(asked));
           const Reply slots = conn.command({"CLUSTER", "SLOTS"});
           const SlotMap map = SlotMap::from_cluster_slots(slots.raw(), "127.0.0.1");
