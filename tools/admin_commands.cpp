@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -103,8 +104,41 @@ void info_command(const cli::GlobalOptions& global, const std::string& name, boo
   const catalog::KeySchema keys(global.ns);
   const std::shared_ptr<store::Client> client = cli::make_client(global);
   const catalog::DatasetInfo info = catalog::read_info(*client, keys, name);
+  // On a cluster, how the objects spread over the primaries: each object key's slot, from the
+  // catalogue, no SCAN.
+  struct NodeShare {
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, NodeShare> shares;
+  if (client->is_cluster()) {
+    const std::shared_ptr<const catalog::Catalog> catalog =
+        catalog::load_catalog(*client, keys, info);
+    for (uint32_t i = 0; i < catalog->entry_count(); ++i) {
+      const catalog::CatalogEntry& entry = catalog->entry(i);
+      if (entry.is_dir) continue;
+      const uint64_t chunks = catalog->chunk_count(i);
+      for (uint64_t k = 0; k < chunks; ++k) {
+        NodeShare& share = shares[client->primary_address(
+            keys.object_piece(name, info.generation, entry.object_id, k, chunks > 1))];
+        share.objects += 1;
+        share.bytes += chunks == 1      ? entry.size
+                       : k + 1 < chunks ? catalog->chunk_size()
+                                        : entry.size - (chunks - 1) * catalog->chunk_size();
+      }
+    }
+  }
   if (as_json) {
-    fmt::print("{}\n", info_to_json(info).dump(2));
+    nlohmann::json json = info_to_json(info);
+    if (!shares.empty()) {
+      json["nodes"] = nlohmann::json::array();
+      for (const auto& [address, share] : shares) {
+        json["nodes"].push_back({{"address", address.empty() ? "unserved" : address},
+                                 {"objects", share.objects},
+                                 {"bytes", share.bytes}});
+      }
+    }
+    fmt::print("{}\n", json.dump(2));
     return;
   }
   fmt::print("name:                {}\n", info.name);
@@ -122,6 +156,23 @@ void info_command(const cli::GlobalOptions& global, const std::string& name, boo
   fmt::print("manifest:            {} chunks, {} bytes, xxh64 {:016x}\n", info.manifest_chunks,
              format_count(info.manifest_bytes), info.manifest_xxh64);
   fmt::print("schema version:      {}\n", info.schema_version);
+  if (!shares.empty()) {
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+    for (const auto& [address, share] : shares) {
+      objects += share.objects;
+      bytes += share.bytes;
+    }
+    fmt::print("cluster primaries:   {}\n", shares.size());
+    for (const auto& [address, share] : shares) {
+      fmt::print(
+          "  {:<21} {} objects ({:.1f}%), {} ({:.1f}%)\n",
+          address.empty() ? "(slot unserved)" : address, format_count(share.objects),
+          100.0 * static_cast<double>(share.objects) / static_cast<double>(objects),
+          format_bytes(share.bytes),
+          bytes == 0 ? 0.0 : 100.0 * static_cast<double>(share.bytes) / static_cast<double>(bytes));
+    }
+  }
 }
 
 void rm_command(const cli::GlobalOptions& global, const std::string& name,
@@ -188,7 +239,8 @@ void register_admin_commands(CLI::App& app, cli::GlobalOptions& global) {
     auto state = std::make_shared<InfoState>();
     CLI::App* sub = app.add_subcommand("info",
                                        "Show a dataset's info: counts, sizes, classes, "
-                                       "generation, source");
+                                       "generation, source; on a Redis Cluster also how its "
+                                       "objects and bytes spread over the primaries");
     sub->add_option("NAME", state->name, "Dataset name")->required();
     sub->add_flag("--json", state->as_json, "Print the info as a JSON object");
     cli::add_global_options(*sub, global);

@@ -712,6 +712,11 @@ std::vector<NodeReport> Client::nodes() {
   return reports;
 }
 
+std::string Client::primary_address(std::string_view key) {
+  const size_t index = route_primary(key);
+  return index == kNoNode ? std::string() : node_address(node(index).endpoint);
+}
+
 uint64_t Client::connects() const {
   std::lock_guard lock(mutex_);
   uint64_t total = 0;

@@ -130,6 +130,9 @@ class Client {
   bool answers_within(std::chrono::milliseconds limit);
 
   std::vector<NodeReport> nodes();
+  // host:port of the primary that serves `key` now (the socket of a single server); empty when
+  // no node serves its slot.
+  std::string primary_address(std::string_view key);
   uint64_t connects() const;
   uint64_t redirects() const { return redirects_.load(std::memory_order_relaxed); }
   uint64_t topology_refreshes() const { return refreshes_.load(std::memory_order_relaxed); }

@@ -5,6 +5,7 @@ node; slots moving between primaries while 8 readers stream (page cache dropped 
 a cache smaller than the data) give zero errors and zero wrong bytes; a primary killed mid-read
 is replaced by its replica and reads go on, and with --read-from replica no read fails at all
 and the primaries serve (almost) no GETs."""
+import json
 import os
 import re
 import subprocess
@@ -94,7 +95,11 @@ class ClusterTest(unittest.TestCase):
         self.assertTrue(all(s > 0 for s in sizes), sizes)
         self.assertLessEqual(max(sizes), 1.5 * mean, f"keys per primary: {sizes}")
         info = self.dsfs("info", "ds").stdout
-        self.assertIn("ds", info)
+        self.assertIn("cluster primaries:   3", info)
+        spread = json.loads(self.dsfs("info", "ds", "--json").stdout)["nodes"]
+        self.assertEqual(sorted(n["address"] for n in spread),
+                         sorted(f"127.0.0.1:{p}" for p in self.primaries))
+        self.assertEqual(sum(n["bytes"] for n in spread), sum(s for s, _ in expected.values()))
         mnt = self.mount()
         readers = Readers(mnt, "ds", expected)
         readers.run_pass()
