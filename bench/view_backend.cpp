@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -318,6 +320,59 @@ nlohmann::json run_backend(const std::string& name, const Options& options, cons
   return report;
 }
 
+// CUDA against CPU on the same decoded images, tensor by tensor: how many are byte-identical and
+// the largest element difference (in the output's units). Null when either backend is missing.
+nlohmann::json compare_backends(const ViewSpec& spec, const std::vector<RgbImage>& images) {
+  std::string why;
+  const auto cpu = make_named_backend("cpu", why);
+  const auto cuda = make_named_backend("cuda", why);
+  if (!cpu || !cuda || images.empty()) return nullptr;
+  const std::size_t bytes = spec.tensor_bytes();
+  auto tensors_of = [&](Backend& backend) {
+    std::vector<std::byte> tensors(images.size() * bytes);
+    std::vector<const RgbImage*> inputs;
+    std::vector<std::span<std::byte>> outputs;
+    for (std::size_t i = 0; i < images.size(); ++i) {
+      inputs.push_back(&images[i]);
+      outputs.emplace_back(tensors.data() + i * bytes, bytes);
+    }
+    backend.transform(spec, inputs, outputs);
+    return tensors;
+  };
+  const std::vector<std::byte> on_cpu = tensors_of(*cpu);
+  const std::vector<std::byte> on_gpu = tensors_of(*cuda);
+  std::size_t identical = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < images.size(); ++i) {
+    const std::byte* a = on_cpu.data() + i * bytes;
+    const std::byte* b = on_gpu.data() + i * bytes;
+    if (std::memcmp(a, b, bytes) == 0) {
+      ++identical;
+      continue;
+    }
+    if (spec.dtype == dsfs::view::DType::kFloat32) {
+      for (std::size_t k = 0; k + 4 <= bytes; k += 4) {
+        float x, y;
+        std::memcpy(&x, a + k, 4);
+        std::memcpy(&y, b + k, 4);
+        worst = std::max(worst, static_cast<double>(std::fabs(x - y)));
+      }
+    } else if (spec.dtype == dsfs::view::DType::kUint8) {
+      for (std::size_t k = 0; k < bytes; ++k) {
+        worst = std::max(worst, std::fabs(static_cast<double>(a[k]) - static_cast<double>(b[k])));
+      }
+    } else {
+      worst = -1;  // fp16: counted as differing, no magnitude
+    }
+  }
+  fmt::print("cuda vs cpu, {}: {} of {} tensors byte-identical, max element difference {:g}\n",
+             spec.canonical(), identical, images.size(), worst);
+  return {{"spec", spec.canonical()},
+          {"images", images.size()},
+          {"byte_identical", identical},
+          {"max_element_difference", worst}};
+}
+
 int run(const Options& options) {
   const ViewSpec spec = dsfs::view::parse_view_spec(options.spec);
   const std::vector<std::vector<std::byte>> files = read_images(options);
@@ -349,6 +404,11 @@ int run(const Options& options) {
   };
   for (const std::string& name : options.backends) {
     report["backends"][name] = run_backend(name, options, spec, files, predecoded);
+  }
+  for (const std::string& text :
+       {options.spec, std::string("imagenet-eval-fp16"), std::string("imagenet-eval-uint8")}) {
+    nlohmann::json compared = compare_backends(dsfs::view::parse_view_spec(text), predecoded);
+    if (!compared.is_null()) report["cuda_vs_cpu_bytes"].push_back(std::move(compared));
   }
   const auto& backends = report["backends"];
   if (backends.contains("cpu") && backends.contains("cuda") &&

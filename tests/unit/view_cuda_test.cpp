@@ -3,6 +3,7 @@
 // GPU and report themselves skipped, with the reason, where there is none. The factory tests
 // below them check the fallback where there is no GPU.
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +16,7 @@
 
 #include "cuda/backend.h"
 #include "cuda/cuda_info.h"
+#include "cuda/view_service.h"
 #include "tests/unit/view_cuda_test_util.h"
 #ifdef DSFS_HAVE_CUDA
 #include "cuda/cuda_backend.h"
@@ -196,6 +198,62 @@ TEST_F(CudaBackendTest, ReportsItsDeviceAndStageTimes) {
   EXPECT_GT(info->times.upload_bytes, 0U);
   EXPECT_GT(info->times.kernel_seconds, 0.0);
   std::printf("CUDA device: %s\n", info->device.c_str());
+}
+
+// A JPEG of `image` (quality 90, 4:2:0), as the mount reads them from Redis.
+std::string encode_jpeg(const RgbImage& image) {
+  tjhandle handle = tjInitCompress();
+  EXPECT_NE(handle, nullptr);
+  unsigned char* jpeg = nullptr;
+  unsigned long size = 0;
+  const int result = tjCompress2(handle, image.pixels.data(), image.width, 0, image.height,
+                                 TJPF_RGB, &jpeg, &size, TJSAMP_420, 90, 0);
+  EXPECT_EQ(result, 0) << tjGetErrorStr2(handle);
+  std::string bytes(reinterpret_cast<const char*>(jpeg), size);
+  tjFree(jpeg);
+  tjDestroy(handle);
+  return bytes;
+}
+
+// The path a mount takes: a ViewService over the CUDA backend (batched by default) rendering
+// JPEG bytes for many threads at once gives the same .npy files, byte for byte, as a service
+// over the CPU backend, and its batches really carried several images.
+TEST_F(CudaBackendTest, BatchedServiceRendersTheCpuServicesFiles) {
+  ViewService on_gpu(std::move(cuda_));
+  ASSERT_TRUE(on_gpu.batched());
+  ViewService on_cpu(make_cpu_backend(), {.batched = false});
+  const std::vector<RgbImage> images = sized_images(71);
+  std::vector<std::string> jpegs;
+  for (const RgbImage& image : images) jpegs.push_back(encode_jpeg(image));
+  const std::vector<std::string> texts = {"imagenet-eval", "imagenet-eval-fp16",
+                                          "imagenet-eval-uint8"};
+  std::atomic<int> mismatches{0};
+  std::atomic<std::uint64_t> rendered{0};
+  {
+    std::vector<std::jthread> callers;
+    for (int caller = 0; caller < 16; ++caller) {
+      callers.emplace_back([&, caller] {
+        for (int round = 0; round < 8; ++round) {
+          const std::size_t pick = static_cast<std::size_t>(caller * 8 + round);
+          const ViewSpec spec = parse_view_spec(texts[pick % texts.size()]);
+          const auto encoded = std::as_bytes(std::span(jpegs[pick % jpegs.size()]));
+          if (on_gpu.render(spec, encoded) != on_cpu.render(spec, encoded)) {
+            mismatches.fetch_add(1);
+          }
+          rendered.fetch_add(1);
+        }
+      });
+    }
+  }
+  EXPECT_EQ(mismatches.load(), 0);
+  const ViewServiceStats stats = on_gpu.stats();
+  EXPECT_EQ(stats.rendered, rendered.load());
+  EXPECT_EQ(stats.batched_images, rendered.load());
+  EXPECT_GE(stats.batches, 1U);
+  EXPECT_LT(stats.batches, stats.batched_images) << "no batch carried more than one image";
+  std::printf("ViewService over CUDA: %llu files in %llu batches, all equal to the CPU's\n",
+              static_cast<unsigned long long>(stats.batched_images),
+              static_cast<unsigned long long>(stats.batches));
 }
 
 // --- The fallback where there is no GPU (these skip where there is one). ---
