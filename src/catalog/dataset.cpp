@@ -211,6 +211,89 @@ std::string lease_member(uint64_t gen, std::string_view reader_id) {
   return fmt::format("{}:{}", gen, reader_id);
 }
 
+// One try of publish's flip on the primary of the dataset's slot: WATCH info and gens, check the
+// generation, then MULTI/HSET/EXEC. True once committed. False when it must be tried again:
+// with `unsettled_reply` set when a step got a reply that `unsettled` says means the slot is
+// moving (nothing was committed), empty when the WATCH aborted EXEC (a concurrent change).
+// Throws for anything else (a newer generation published, the generation no longer recorded,
+// any other error reply).
+template <typename Unsettled>
+bool flip_generation(store::Client& client, const std::string& name, const std::string& info_key,
+                     const std::string& gens_key, DatasetInfo& info, const Unsettled& unsettled,
+                     std::string& unsettled_reply) {
+  const auto settled = [&](const store::Reply& reply) {
+    if (!unsettled(reply)) return true;
+    unsettled_reply = reply.str();
+    return false;
+  };
+  store::ConnectionPool::Lease lease = client.lease_for_key(info_key);
+  store::Connection& conn = *lease;
+  // gens is watched too: an rm that deletes it meanwhile aborts the flip.
+  const store::Reply watched = conn.command({"WATCH", info_key, gens_key});
+  if (!settled(watched)) return false;
+  watched.expect_ok("WATCH info gens");
+  WatchGuard watch(conn);
+  const store::Reply current = conn.command({"HGET", info_key, "generation"});
+  if (!settled(current)) return false;
+  current.expect_ok("HGET generation");
+  const uint64_t current_generation =
+      current.is_nil() ? 0 : parse_field(name, "generation", current.str());
+  if (current_generation > info.generation) {
+    throw std::runtime_error(fmt::format(
+        "dataset '{}': generation {} was published while this one ({}) was being written; "
+        "keeping the newer one (this generation's keys are collected later)",
+        name, current_generation, info.generation));
+  }
+  // begin_generation recorded G in gens; if it is gone, `dsfs rm` or a Redis that lost data
+  // (a restart without persistence) took objects of G with it: publishing would expose a
+  // dataset with missing files.
+  const store::Reply recorded =
+      conn.command({"SISMEMBER", gens_key, std::to_string(info.generation)});
+  if (!settled(recorded)) return false;
+  if (recorded.expect_ok("SISMEMBER gens").integer() == 0) {
+    throw std::runtime_error(fmt::format(
+        "dataset '{}': generation {} is no longer recorded in {}: the dataset was removed "
+        "(`dsfs rm`) or Redis lost data while it was being written, so its objects may be "
+        "incomplete; ingest it again",
+        name, info.generation, gens_key));
+  }
+  info.previous_generation =
+      current_generation == info.generation ? info.previous_generation : current_generation;
+  const std::array<std::pair<std::string_view, std::string>, 14> fields = {{
+      {"name", name},
+      {"schema_version", std::to_string(info.schema_version)},
+      {"generation", std::to_string(info.generation)},
+      {"previous_generation", std::to_string(info.previous_generation)},
+      {"file_count", std::to_string(info.file_count)},
+      {"dir_count", std::to_string(info.dir_count)},
+      {"total_bytes", std::to_string(info.total_bytes)},
+      {"class_count", std::to_string(info.class_count)},
+      {"created_unix", std::to_string(info.created_unix)},
+      {"source", info.source},
+      {"chunk_size", std::to_string(info.chunk_size)},
+      {"manifest_chunks", std::to_string(info.manifest_chunks)},
+      {"manifest_bytes", std::to_string(info.manifest_bytes)},
+      {"manifest_xxh64", hex64(info.manifest_xxh64)},
+  }};
+  std::vector<std::string_view> hset = {"HSET", info_key};
+  for (const auto& [key, value] : fields) {
+    hset.push_back(key);
+    hset.push_back(value);
+  }
+  conn.append({"MULTI"});
+  conn.append(std::span<const std::string_view>(hset));
+  conn.append({"EXEC"});
+  const store::Reply multi = conn.read_reply();
+  const store::Reply queued = conn.read_reply();
+  const store::Reply exec = conn.read_reply();
+  watch.disarm();  // EXEC (or its refusal) ended the WATCH
+  if (!settled(multi) || !settled(queued) || !settled(exec)) return false;
+  multi.expect_ok("MULTI");
+  queued.expect_ok("HSET info");
+  exec.expect_ok("EXEC");
+  return !exec.is_nil();  // nil: the WATCH aborted it
+}
+
 }  // namespace
 
 std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys) {
@@ -478,79 +561,30 @@ void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
   const std::string info_key = keys.info(name);
   const std::string gens_key = keys.generations(name);
   store::Backoff moved_backoff(client.options().retry_budget);
+  // A reply saying the slot is on the move (MOVED/ASK during a reshard or failover, TRYAGAIN
+  // while its keys are split between two nodes, CLUSTERDOWN): whichever step of the flip gets
+  // it, EXEC cannot have committed (a redirected command inside MULTI makes EXEC abort), so the
+  // whole flip runs again where the slot lives now. It is idempotent: the same fields again.
+  const auto unsettled = [](const store::Reply& reply) {
+    return reply.is_error() &&
+           (store::parse_redirect(reply.str()) || store::is_transient_reply(reply.str()) ||
+            reply.str().starts_with("CLUSTERDOWN"));
+  };
   for (int attempt = 0;; ++attempt) {
-    store::ConnectionPool::Lease lease = client.lease_for_key(info_key);
-    store::Connection& conn = *lease;
-    // gens is watched too: an rm that deletes it meanwhile aborts the flip.
-    const store::Reply watched = conn.command({"WATCH", info_key, gens_key});
-    if (watched.is_error() && store::parse_redirect(watched.str())) {
-      // The slot is moving or moved (resharding, failover): find where it lives now.
+    std::string unsettled_reply;
+    if (flip_generation(client, name, info_key, gens_key, info, unsettled, unsettled_reply)) break;
+    if (!unsettled_reply.empty()) {
       if (!moved_backoff.wait()) {
         throw store::ConnectionError(
             fmt::format("publish '{}': the slot of {} kept moving ({}); try again", name, info_key,
-                        watched.str()));
+                        store::log_text(unsettled_reply)));
       }
+      spdlog::debug("publish '{}': the slot of {} is moving ({}), retrying", name, info_key,
+                    store::log_text(unsettled_reply));
       client.refresh_topology();
+      --attempt;  // not a concurrent publish: does not count against kMaxPublishAttempts
       continue;
     }
-    watched.expect_ok("WATCH info gens");
-    WatchGuard watch(conn);
-    const store::Reply current = conn.command({"HGET", info_key, "generation"});
-    current.expect_ok("HGET generation");
-    const uint64_t current_generation =
-        current.is_nil() ? 0 : parse_field(name, "generation", current.str());
-    if (current_generation > info.generation) {
-      throw std::runtime_error(fmt::format(
-          "dataset '{}': generation {} was published while this one ({}) was being written; "
-          "keeping the newer one (this generation's keys are collected later)",
-          name, current_generation, info.generation));
-    }
-    // begin_generation recorded G in gens; if it is gone, `dsfs rm` or a Redis that lost data
-    // (a restart without persistence) took objects of G with it: publishing would expose a
-    // dataset with missing files.
-    if (conn.command({"SISMEMBER", gens_key, std::to_string(info.generation)})
-            .expect_ok("SISMEMBER gens")
-            .integer() == 0) {
-      throw std::runtime_error(fmt::format(
-          "dataset '{}': generation {} is no longer recorded in {}: the dataset was removed "
-          "(`dsfs rm`) or Redis lost data while it was being written, so its objects may be "
-          "incomplete; ingest it again",
-          name, info.generation, gens_key));
-    }
-    info.previous_generation =
-        current_generation == info.generation ? info.previous_generation : current_generation;
-    const std::array<std::pair<std::string_view, std::string>, 14> fields = {{
-        {"name", name},
-        {"schema_version", std::to_string(info.schema_version)},
-        {"generation", std::to_string(info.generation)},
-        {"previous_generation", std::to_string(info.previous_generation)},
-        {"file_count", std::to_string(info.file_count)},
-        {"dir_count", std::to_string(info.dir_count)},
-        {"total_bytes", std::to_string(info.total_bytes)},
-        {"class_count", std::to_string(info.class_count)},
-        {"created_unix", std::to_string(info.created_unix)},
-        {"source", info.source},
-        {"chunk_size", std::to_string(info.chunk_size)},
-        {"manifest_chunks", std::to_string(info.manifest_chunks)},
-        {"manifest_bytes", std::to_string(info.manifest_bytes)},
-        {"manifest_xxh64", hex64(info.manifest_xxh64)},
-    }};
-    std::vector<std::string_view> hset = {"HSET", info_key};
-    for (const auto& [key, value] : fields) {
-      hset.push_back(key);
-      hset.push_back(value);
-    }
-    conn.append({"MULTI"});
-    conn.append(std::span<const std::string_view>(hset));
-    conn.append({"EXEC"});
-    const store::Reply multi = conn.read_reply();
-    const store::Reply queued = conn.read_reply();
-    const store::Reply exec = conn.read_reply();
-    watch.disarm();  // EXEC (or its refusal) ended the WATCH
-    multi.expect_ok("MULTI");
-    queued.expect_ok("HSET info");
-    exec.expect_ok("EXEC");
-    if (!exec.is_nil()) break;  // committed
     if (attempt >= kMaxPublishAttempts) {
       throw std::runtime_error(
           fmt::format("dataset '{}': info kept changing during publish; try again", name));
