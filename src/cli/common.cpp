@@ -16,6 +16,7 @@
 #include "src/store/log_text.h"
 
 #include "src/store/embedded_server.h"
+#include "src/store/local_cluster.h"
 
 namespace dsfs::cli {
 
@@ -27,7 +28,8 @@ void add_global_options(CLI::App& sub, GlobalOptions& options) {
                  "PASSWORD). A Redis Cluster is detected by itself: name any of its nodes, or "
                  "several, comma-separated (redis://10.0.0.1:7000,redis://10.0.0.2:7000), so "
                  "that one node down does not stop dsfs; the password options apply to every "
-                 "URL. Default: $DSFS_REDIS, else the embedded server under $DSFS_HOME, started "
+                 "URL. Default: $DSFS_REDIS, else the local cluster of `dsfs server start "
+                 "--shards` while it runs, else the embedded server under $DSFS_HOME, started "
                  "when needed")
       ->envname("DSFS_REDIS")
       ->group(kGroup);
@@ -146,12 +148,41 @@ std::vector<store::RedisEndpoint> resolve_seeds(const GlobalOptions& options) {
   if (const char* url = std::getenv("DSFS_REDIS"); url && *url) {
     return with_password(parse_seed_list(url), options);
   }
+  // What `dsfs server start` runs: the local cluster when it runs (it and the single server
+  // never run together), else the single server, started on demand. A cluster whose state file
+  // is damaged says so, and the single server is used.
+  store::LocalClusterStatus cluster;
+  try {
+    cluster = store::LocalCluster().status();
+  } catch (const std::runtime_error& e) {
+    fmt::print(stderr, "dsfs: warning: {}\n", e.what());
+  }
+  if (cluster.complete && cluster.any_running()) {
+    std::vector<store::RedisEndpoint> seeds;  // every running node: any one that answers will do
+    for (const store::LocalClusterNodeStatus& node : cluster.nodes) {
+      if (!node.running) continue;
+      store::RedisEndpoint seed;
+      seed.host = "127.0.0.1";
+      seed.port = node.port;
+      seeds.push_back(std::move(seed));
+    }
+    spdlog::debug("using the local Redis Cluster in {} ({} running nodes as seeds)",
+                  cluster.dir.string(), seeds.size());
+    return seeds;
+  }
   store::EmbeddedServer server;
   if (server.start()) {
     fmt::print(stderr,
                "dsfs: started the embedded redis-server on {} (data in {}); "
                "`dsfs server stop` stops it\n",
                server.endpoint().socket_path, server.status().data_dir.string());
+    if (cluster.exists && cluster.complete) {
+      fmt::print(stderr,
+                 "dsfs: note: the local Redis Cluster in {} is stopped, so dsfs uses this single "
+                 "server in its place; to use the cluster: `dsfs server stop`, then `dsfs "
+                 "server start --shards {} --replicas {}`\n",
+                 cluster.dir.string(), cluster.shards, cluster.replicas);
+    }
   }
   return {server.endpoint()};
 }

@@ -36,12 +36,13 @@ CLI::Option* add_log_level_option(CLI::App& sub, GlobalOptions& options);
 // one piece; empty pieces are kept (parse_redis_url then names them).
 std::vector<std::string_view> split_redis_urls(std::string_view list);
 
-// --redis, else $DSFS_REDIS, else the embedded server (started if it is not running, with a
-// note on stderr): the seed nodes a store::Client starts from. --redis and $DSFS_REDIS may name
-// several comma-separated URLs (seed nodes of one Redis Cluster: any one that answers will do).
-// For them the password, if any, comes from --redis-password-file, else $DSFS_REDIS_PASSWORD,
-// else $REDISCLI_AUTH, else each URL; the first three apply to every URL. Throws
-// std::invalid_argument on a bad URL (naming it) or an unreadable password file.
+// --redis, else $DSFS_REDIS, else what `dsfs server start` runs under $DSFS_HOME: the local
+// Redis Cluster while it runs (its running nodes), else the embedded server (started if it is
+// not running, with a note on stderr): the seed nodes a store::Client starts from. --redis and
+// $DSFS_REDIS may name several comma-separated URLs (seed nodes of one Redis Cluster: any one that
+// answers will do). For them the password, if any, comes from --redis-password-file, else
+// $DSFS_REDIS_PASSWORD, else $REDISCLI_AUTH, else each URL; the first three apply to every URL.
+// Throws std::invalid_argument on a bad URL (naming it) or an unreadable password file.
 std::vector<store::RedisEndpoint> resolve_seeds(const GlobalOptions& options);
 
 // The first of resolve_seeds: for what speaks to one server by design (the latency proxy,

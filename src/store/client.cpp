@@ -35,12 +35,6 @@ bool iequals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
 
-// "Not now" replies: retrying later succeeds. CLUSTERDOWN is the cluster's own (a slot without
-// a primary during a failover).
-bool is_not_now(std::string_view message) {
-  return is_transient_reply(message) || message.starts_with("CLUSTERDOWN");
-}
-
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
       .count();
@@ -153,7 +147,8 @@ void Client::discover(std::chrono::milliseconds budget) {
   Backoff backoff(budget);
   std::string last_error;
   for (;;) {
-    for (const RedisEndpoint& seed : seeds_) {
+    for (size_t seed_index = 0; seed_index < seeds_.size(); ++seed_index) {
+      const RedisEndpoint& seed = seeds_[seed_index];
       std::optional<Connection> conn;
       try {
         conn.emplace(seed, options_.connect);
@@ -178,6 +173,7 @@ void Client::discover(std::chrono::milliseconds budget) {
                                                     options_.connect)}));
         }
         topology_ = std::move(topology);
+        answered_seed_ = seed_index;
         return;
       }
       if (seed.db != 0) {
@@ -190,6 +186,7 @@ void Client::discover(std::chrono::milliseconds budget) {
       try {
         load_topology(*conn,
                       seed.transport == RedisEndpoint::Transport::kTcp ? seed.host : "127.0.0.1");
+        answered_seed_ = seed_index;
         return;
       } catch (const ConnectionError& e) {
         last_error = e.what();
@@ -203,8 +200,19 @@ void Client::discover(std::chrono::milliseconds budget) {
 Client::~Client() = default;
 
 std::string Client::describe() const {
-  std::string text = seeds_.front().describe();
-  if (seeds_.size() > 1) text += fmt::format(" (and {} more seed nodes)", seeds_.size() - 1);
+  if (seeds_.size() == 1) return seeds_.front().describe();
+  if (const size_t answered = answered_seed_; answered != kNoNode) {
+    return fmt::format("{} (one of {} seed nodes)", seeds_[answered].describe(), seeds_.size());
+  }
+  // None answered yet: naming only the first would blame it alone.
+  constexpr size_t kNamed = 3;
+  std::string text;
+  for (size_t i = 0; i < std::min(seeds_.size(), kNamed); ++i) {
+    text += (i == 0 ? "" : ", ") + seeds_[i].describe();
+  }
+  if (seeds_.size() > kNamed) {
+    text += fmt::format(" and {} more seed nodes", seeds_.size() - kNamed);
+  }
   return text;
 }
 
@@ -395,11 +403,12 @@ Reply Client::command(std::initializer_list<std::string_view> argv) {
 }
 
 Reply Client::command(std::span<const std::string_view> argv) {
-  return run(argv, command_key(argv));
+  return run(argv, command_key(argv), options_.retry_budget);
 }
 
-Reply Client::run(std::span<const std::string_view> argv, std::string_view key) {
-  Backoff backoff(options_.retry_budget);
+Reply Client::run(std::span<const std::string_view> argv, std::string_view key,
+                  std::chrono::milliseconds budget) {
+  Backoff backoff(budget);
   size_t ask_node = kNoNode;    // set by ASK: the next try goes there, after ASKING
   size_t moved_node = kNoNode;  // set by MOVED when the map could not be reloaded
   int redirects = 0;
@@ -470,7 +479,7 @@ Reply Client::run(std::span<const std::string_view> argv, std::string_view key) 
       }
       continue;
     }
-    if (is_not_now(message)) {
+    if (is_transient_reply(message)) {
       last_error = fmt::format("Redis at {} is not ready: {}", describe_node(target), message);
       if (message.starts_with("CLUSTERDOWN")) {
         try {
@@ -548,7 +557,7 @@ void Client::pipeline_views(std::span<const std::vector<std::string_view>> comma
         }
         Reply reply = lease->read_reply();
         const size_t index = indices[delivered++];
-        if (reply.is_error() && (parse_redirect(reply.str()) || is_not_now(reply.str()))) {
+        if (reply.is_error() && (parse_redirect(reply.str()) || is_transient_reply(reply.str()))) {
           again.push_back(index);
         } else {
           on_reply(index, reply);
@@ -569,29 +578,21 @@ void Client::pipeline_views(std::span<const std::vector<std::string_view>> comma
 
 ValueReply Client::get_one(const std::string& key, std::chrono::milliseconds retry_budget) {
   const std::string_view argv[] = {"GET", key};
-  Backoff backoff(retry_budget);
-  for (;;) {
-    try {
-      // run() keeps the client's own budget; a caller's shorter one bounds the outer loop.
-      Reply reply = run(argv, key);
-      ValueReply value;
-      if (reply.is_nil()) {
-        value.kind = ValueReply::Kind::kNil;
-      } else if (reply.is_error()) {
-        value.kind = ValueReply::Kind::kError;
-        value.error = std::string(reply.str());
-      } else {
-        value.kind = ValueReply::Kind::kValue;
-        const std::string_view bytes = reply.str();
-        value.size = bytes.size();
-        value.bytes = std::make_unique_for_overwrite<char[]>(std::max<size_t>(bytes.size(), 1));
-        std::memcpy(value.bytes.get(), bytes.data(), bytes.size());
-      }
-      return value;
-    } catch (const ConnectionError&) {
-      if (!backoff.wait()) throw;
-    }
+  const Reply reply = run(argv, key, retry_budget);
+  ValueReply value;
+  if (reply.is_nil()) {
+    value.kind = ValueReply::Kind::kNil;
+  } else if (reply.is_error()) {
+    value.kind = ValueReply::Kind::kError;
+    value.error = std::string(reply.str());
+  } else {
+    value.kind = ValueReply::Kind::kValue;
+    const std::string_view bytes = reply.str();
+    value.size = bytes.size();
+    value.bytes = std::make_unique_for_overwrite<char[]>(std::max<size_t>(bytes.size(), 1));
+    std::memcpy(value.bytes.get(), bytes.data(), bytes.size());
   }
+  return value;
 }
 
 std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, size_t window,
@@ -599,11 +600,46 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
                                            uint64_t* retries) {
   refresh_if_stale();
   std::vector<ValueReply> replies(keys.size());
+  // Ascending always (retry is sorted too), so a pending as long as keys is every key in order.
   std::vector<size_t> pending(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
   Backoff backoff(retry_budget);
   bool avoid_replicas = false;  // after a replica failed: ask the primaries
   std::string last_error;
+  std::vector<size_t> from_primary;  // a replica's nil, a redirection: asked alone
+  std::vector<size_t> retry;
+  // GETs `group` (the keys of `indices`) from node `target` and settles each reply.
+  const auto fetch = [&](size_t target, std::span<const std::string> group,
+                         std::span<const size_t> indices) {
+    std::vector<ValueReply> got;
+    try {
+      ConnectionPool::Lease lease = node(target).pool->acquire();
+      got = lease->get_values(group, window);
+    } catch (const ConnectionError& e) {
+      last_error = e.what();
+      if (node(target).replica) avoid_replicas = true;
+      retry.insert(retry.end(), indices.begin(), indices.end());
+      return;
+    }
+    const bool replica = node(target).replica;
+    for (size_t k = 0; k < indices.size(); ++k) {
+      ValueReply& reply = got[k];
+      const size_t i = indices[k];
+      if (reply.kind == ValueReply::Kind::kError && is_transient_reply(reply.error)) {
+        last_error =
+            fmt::format("Redis at {} is not ready: {}", describe_node(target), reply.error);
+        retry.push_back(i);
+      } else if ((reply.kind == ValueReply::Kind::kError && parse_redirect(reply.error)) ||
+                 (reply.kind == ValueReply::Kind::kNil && replica)) {
+        if (reply.kind == ValueReply::Kind::kError) {
+          redirects_.fetch_add(1, std::memory_order_relaxed);
+        }
+        from_primary.push_back(i);
+      } else {
+        replies[i] = std::move(reply);
+      }
+    }
+  };
   while (!pending.empty()) {
     try {
       topology(retry_budget);  // a client that never reached Redis finds it first
@@ -613,10 +649,15 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
       if (retries) ++*retries;
       continue;
     }
-    std::unordered_map<size_t, std::vector<size_t>> by_node;
-    std::vector<size_t> from_primary;  // a replica's nil, a redirection: asked alone
-    std::vector<size_t> retry;
-    for (const size_t i : pending) {
+    from_primary.clear();
+    retry.clear();
+    // Where each pending key goes (kNoNode: no node serves its slot now), and whether one node
+    // takes them all: a single server, or every key on one slot owner.
+    std::vector<size_t> targets(pending.size(), kNoNode);
+    size_t only = kNoNode;
+    bool one_node = true;
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const size_t i = pending[k];
       const Route route = route_read(keys[i]);
       if (route.node == kNoNode) {
         retry.push_back(i);
@@ -624,39 +665,22 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
             fmt::format("Redis at {}: no node serves slot {} now", describe(), key_slot(keys[i]));
         continue;
       }
-      by_node[avoid_replicas ? route.primary : route.node].push_back(i);
+      targets[k] = avoid_replicas ? route.primary : route.node;
+      if (only == kNoNode) only = targets[k];
+      one_node = one_node && targets[k] == only;
     }
-    for (auto& [target, indices] : by_node) {
-      std::vector<std::string> group;
-      group.reserve(indices.size());
-      for (const size_t i : indices) group.push_back(keys[i]);
-      std::vector<ValueReply> got;
-      try {
-        ConnectionPool::Lease lease = node(target).pool->acquire();
-        got = lease->get_values(group, window);
-      } catch (const ConnectionError& e) {
-        last_error = e.what();
-        if (node(target).replica) avoid_replicas = true;
-        retry.insert(retry.end(), indices.begin(), indices.end());
-        continue;
+    if (one_node && retry.empty() && pending.size() == keys.size()) {
+      fetch(only, keys, pending);  // the caller's keys as they are: no copies, no grouping
+    } else {
+      std::unordered_map<size_t, std::vector<size_t>> by_node;
+      for (size_t k = 0; k < pending.size(); ++k) {
+        if (targets[k] != kNoNode) by_node[targets[k]].push_back(pending[k]);
       }
-      const bool replica = node(target).replica;
-      for (size_t k = 0; k < indices.size(); ++k) {
-        ValueReply& reply = got[k];
-        const size_t i = indices[k];
-        if (reply.kind == ValueReply::Kind::kError && is_not_now(reply.error)) {
-          last_error =
-              fmt::format("Redis at {} is not ready: {}", describe_node(target), reply.error);
-          retry.push_back(i);
-        } else if ((reply.kind == ValueReply::Kind::kError && parse_redirect(reply.error)) ||
-                   (reply.kind == ValueReply::Kind::kNil && replica)) {
-          if (reply.kind == ValueReply::Kind::kError) {
-            redirects_.fetch_add(1, std::memory_order_relaxed);
-          }
-          from_primary.push_back(i);
-        } else {
-          replies[i] = std::move(reply);
-        }
+      for (auto& [target, indices] : by_node) {
+        std::vector<std::string> group;
+        group.reserve(indices.size());
+        for (const size_t i : indices) group.push_back(keys[i]);
+        fetch(target, group, indices);
       }
     }
     for (const size_t i : from_primary) replies[i] = get_one(keys[i], retry_budget);
@@ -670,7 +694,8 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
     }
     if (!backoff.wait()) throw ConnectionError(last_error);
     if (retries) ++*retries;
-    pending = std::move(retry);
+    std::sort(retry.begin(), retry.end());
+    pending.swap(retry);  // retry is cleared at the top of the next round
   }
   return replies;
 }
@@ -771,7 +796,7 @@ Reply RoutedPipeline::read_reply() {
   }
   const Sent sent = std::move(order_.front());
   order_.pop_front();
-  if (reply.is_error() && (parse_redirect(reply.str()) || is_not_now(reply.str()))) {
+  if (reply.is_error() && (parse_redirect(reply.str()) || is_transient_reply(reply.str()))) {
     reply = client_.command(std::span<const std::string_view>(sent.argv));
   }
   return reply;
@@ -893,7 +918,7 @@ GetRouter::Received GetRouter::receive() {
     ready->sent.pop_front();
     --outstanding_;
     const bool settle = (reply.kind == ValueReply::Kind::kError &&
-                         (parse_redirect(reply.error) || is_not_now(reply.error))) ||
+                         (parse_redirect(reply.error) || is_transient_reply(reply.error))) ||
                         (reply.kind == ValueReply::Kind::kNil && ready->replica);
     if (settle) reply = client_.get_one(key, client_.options().retry_budget);
     return Received{tag, std::move(reply)};

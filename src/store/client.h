@@ -86,7 +86,8 @@ class Client {
   // db != 0. Every other call does the same on first use.
   void connect();
   bool is_cluster();
-  // The first seed, password hidden: what errors name as "Redis at ...".
+  // What errors name as "Redis at ...", passwords hidden: the seed that answered when the
+  // topology was found (with how many seeds there are); before any seed answered, the seeds.
   std::string describe() const;
   const RedisEndpoint& seed() const { return seeds_.front(); }
   const ClientOptions& options() const { return options_; }
@@ -137,8 +138,9 @@ class Client {
   uint64_t redirects() const { return redirects_.load(std::memory_order_relaxed); }
   uint64_t topology_refreshes() const { return refreshes_.load(std::memory_order_relaxed); }
 
-  // GET of one key as get_values does it, through command(): for the rare replies a pipeline
-  // cannot settle (a redirection, a replica's nil).
+  // GET of one key from its primary, as command() runs it (redirections followed) but retrying
+  // within the caller's `retry_budget` (0: one try): for the rare replies a pipeline cannot
+  // settle (a redirection, a replica's nil). Throws ConnectionError as command() does.
   ValueReply get_one(const std::string& key, std::chrono::milliseconds retry_budget);
 
   // Where reads of `key` go: the node's index (stable for the client's life; nodes that leave
@@ -173,8 +175,10 @@ class Client {
   size_t node_index(const ClusterNode& node, bool replica);  // adds it if new
   Node& node(size_t index) const;
   void load_topology(Connection& conn, std::string_view asked_host);
-  // One command to a known node, following redirections; the retry loop of command().
-  Reply run(std::span<const std::string_view> argv, std::string_view key);
+  // One command to a known node, following redirections; the one retry loop of command() and
+  // get_one(), within `budget`.
+  Reply run(std::span<const std::string_view> argv, std::string_view key,
+            std::chrono::milliseconds budget);
   void pipeline_views(std::span<const std::vector<std::string_view>> commands, size_t window,
                       const std::function<void(size_t, Reply&)>& on_reply);
   void patch_slot(uint32_t slot, size_t node);
@@ -182,8 +186,9 @@ class Client {
   std::vector<RedisEndpoint> seeds_;
   ClientOptions options_;
   std::atomic<bool> cluster_{false};
-  std::mutex discover_mutex_;  // one discovery at a time
-  mutable std::mutex mutex_;   // guards nodes_ growth and topology_
+  std::atomic<size_t> answered_seed_{kNoNode};  // index in seeds_ of the seed that answered
+  std::mutex discover_mutex_;                   // one discovery at a time
+  mutable std::mutex mutex_;                    // guards nodes_ growth and topology_
   std::vector<std::unique_ptr<Node>> nodes_;
   std::shared_ptr<const Topology> topology_;
   std::atomic<uint64_t> redirects_{0};

@@ -18,11 +18,13 @@ class ReplyError : public std::runtime_error {
 };
 
 // Error replies Redis gives while it cannot serve yet (loading its AOF/RDB after a restart, busy,
-// a replica without its master, a cluster slot on the move): the server is coming back, so
-// callers count them as connection trouble (ConnectionError) that a retry outlives.
+// a replica without its master, a cluster slot on the move, a slot without a primary during a
+// failover): the server or the cluster is coming back, so callers count them as connection
+// trouble (ConnectionError) that a retry with Backoff outlives.
 inline bool is_transient_reply(std::string_view message) {
   return message.starts_with("LOADING") || message.starts_with("BUSY") ||
-         message.starts_with("MASTERDOWN") || message.starts_with("TRYAGAIN");
+         message.starts_with("MASTERDOWN") || message.starts_with("TRYAGAIN") ||
+         message.starts_with("CLUSTERDOWN");
 }
 
 }  // namespace dsfs::store

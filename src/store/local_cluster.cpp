@@ -1,24 +1,16 @@
 #include "src/store/local_cluster.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <fmt/core.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -32,8 +24,7 @@
 #include "src/store/cluster_slots.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
-
-extern char** environ;
+#include "src/store/redis_process.h"
 
 namespace dsfs::store {
 namespace {
@@ -50,6 +41,7 @@ constexpr auto kStopTimeout = 30s;
 // Creating a cluster (or waiting for one to become ok) takes longer than starting one server,
 // and a second start waits for the first to finish.
 constexpr auto kLockTimeout = 180s;
+constexpr std::string_view kLockRemedy = "set DSFS_HOME to a writable directory";
 constexpr auto kPollInterval = 50ms;
 // How often a new node moves to other ports when another process took its own first.
 constexpr int kPortAttempts = 5;
@@ -110,44 +102,6 @@ std::string describe_shape(int shards, int replicas) {
   return fmt::format("{} with {} each", plural(shards, "shard", "shards"),
                      plural(replicas, "replica", "replicas"));
 }
-
-// An exclusive flock on a file, so that two dsfs processes starting the cluster at the same
-// time do not create two. Close-on-exec: a redis-server that inherited it would hold the lock
-// for its whole life.
-class FileLock {
- public:
-  explicit FileLock(const fs::path& path)
-      : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
-    if (fd_ < 0) {
-      throw std::runtime_error(
-          fmt::format("cannot open lock file {}: {} (set DSFS_HOME to a "
-                      "writable directory)",
-                      path.string(), std::strerror(errno)));
-    }
-    const auto deadline = Clock::now() + kLockTimeout;
-    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      if (errno != EWOULDBLOCK && errno != EINTR) {
-        const int error = errno;
-        ::close(fd_);
-        throw std::runtime_error(
-            fmt::format("cannot lock {}: {}", path.string(), std::strerror(error)));
-      }
-      if (Clock::now() >= deadline) {
-        ::close(fd_);
-        throw std::runtime_error(fmt::format(
-            "another dsfs process has held {} for over {} s; is it stuck?", path.string(),
-            std::chrono::duration_cast<std::chrono::seconds>(kLockTimeout).count()));
-      }
-      std::this_thread::sleep_for(kPollInterval);
-    }
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-  ~FileLock() { ::close(fd_); }  // closing releases the lock
-
- private:
-  int fd_;
-};
 
 // A socket descriptor, closed on destruction.
 class UniqueFd {
@@ -218,70 +172,10 @@ std::vector<int> pick_free_ports(size_t count) {
   return ports;
 }
 
-// Quotes a value for redis.conf (sdssplitargs syntax), so paths with spaces work.
-std::string quote_config_value(const std::string& value) {
-  std::string quoted = "\"";
-  for (const char c : value) {
-    if (c == '"' || c == '\\') quoted.push_back('\\');
-    quoted.push_back(c);
-  }
-  quoted.push_back('"');
-  return quoted;
-}
-
-std::string read_file(const fs::path& path, std::streamoff from = 0) {
-  std::ifstream in(path);
-  if (from > 0) in.seekg(from);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::streamoff file_size_or_zero(const fs::path& path) {
   std::error_code error;
   const auto size = fs::file_size(path, error);
   return error ? 0 : static_cast<std::streamoff>(size);
-}
-
-std::string last_lines(const fs::path& path, size_t count) {
-  std::ifstream in(path);
-  std::deque<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    lines.push_back(std::move(line));
-    if (lines.size() > count) lines.pop_front();
-  }
-  std::string text;
-  for (const auto& line : lines) text += "\n  " + line;
-  return text;
-}
-
-// True when pid is a live (not zombie) redis-server: a pid file can outlive its server and its
-// pid can be reused by an unrelated process.
-bool is_live_redis_process(int pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
-  const std::string comm = read_file(fs::path("/proc") / std::to_string(pid) / "comm");
-  if (!comm.starts_with("redis-server")) return false;
-  // /proc/PID/stat: "pid (comm) STATE ..."; a zombie has exited already.
-  const std::string stat = read_file(fs::path("/proc") / std::to_string(pid) / "stat");
-  const size_t close = stat.rfind(')');
-  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
-}
-
-int read_pid_file(const fs::path& path) {
-  std::ifstream in(path);
-  int pid = 0;
-  if (!(in >> pid)) return 0;
-  return pid;
-}
-
-bool wait_for_exit(int pid, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (is_live_redis_process(pid)) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(kPollInterval);
-  }
-  return true;
 }
 
 // Polls `done` until it is true or the deadline passes; false on timeout.
@@ -356,8 +250,8 @@ NodeHealth probe_node(int port, const NodeLayout& layout, int* pid = nullptr) {
 
 // The pid of the node's live redis-server; 0 when it is not running.
 int running_pid(const NodeSpec& spec, const NodeLayout& layout) {
-  const int pid = read_pid_file(layout.pid_file);
-  if (is_live_redis_process(pid)) return pid;
+  const int pid = redis_process::read_pid_file(layout.pid_file);
+  if (redis_process::is_live(pid)) return pid;
   // The pid file may be gone while the node still answers on its port.
   int answered_pid = 0;
   if (probe_node(spec.port, layout, &answered_pid) == NodeHealth::kOurs) {
@@ -413,16 +307,6 @@ std::optional<ClusterState> read_state(const fs::path& cluster_dir) {
   return state;
 }
 
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw std::runtime_error(fmt::format("cannot write {}", temporary.string()));
-  }
-  fs::rename(temporary, path);
-}
-
 void write_state(const fs::path& cluster_dir, const ClusterState& state) {
   std::string text = fmt::format(
       "# Written by `dsfs server start --shards`; read by `dsfs server start|stop|status`.\n"
@@ -433,7 +317,7 @@ void write_state(const fs::path& cluster_dir, const ClusterState& state) {
     text += fmt::format("node {} {} {} {}\n", node.port, node.bus_port,
                         node.role == Role::kPrimary ? "primary" : "replica", node.shard);
   }
-  write_file_atomically(state_file_of(cluster_dir), text);
+  redis_process::write_file_atomically(state_file_of(cluster_dir), text);
 }
 
 void write_node_config(const NodeLayout& layout, const NodeSpec& spec) {
@@ -461,62 +345,11 @@ void write_node_config(const NodeLayout& layout, const NodeSpec& spec) {
       "# Dataset objects are large: allow big bulk strings and pipelines.\n"
       "proto-max-bulk-len 512mb\n"
       "client-query-buffer-limit 1gb\n",
-      spec.port, spec.bus_port, quote_config_value(layout.nodes_conf.string()), kNodeTimeoutMs,
-      quote_config_value(layout.data_dir.string()), quote_config_value(layout.pid_file.string()),
-      quote_config_value(layout.log_file.string()));
-  write_file_atomically(layout.config, config);
-}
-
-fs::path find_redis_server() {
-  if (const char* chosen = std::getenv("DSFS_REDIS_SERVER"); chosen && *chosen) {
-    if (::access(chosen, X_OK) != 0) {
-      throw std::runtime_error(
-          fmt::format("DSFS_REDIS_SERVER={} is not an executable redis-server", chosen));
-    }
-    return chosen;
-  }
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (dir.empty()) continue;
-    const fs::path candidate = fs::path(dir) / "redis-server";
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  throw std::runtime_error(
-      "redis-server was not found on PATH: install Debian's redis-server package "
-      "(apt-get install redis-server), or name a running Redis with --redis URL");
-}
-
-// Runs redis-server with the node's config; it daemonizes, so the child we spawn exits at once
-// (before the node binds its ports: wait_for_node tells whether that worked).
-void spawn_redis_server(const fs::path& binary, const NodeLayout& layout) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  // Errors printed before the log file is opened (a bad config) land in the log too.
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, layout.log_file.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  // The daemon must not keep the caller's descriptors (a lock file, open files) alive.
-  posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
-  std::string binary_arg = binary.string();
-  std::string config_arg = layout.config.string();
-  char* argv[] = {binary_arg.data(), config_arg.data(), nullptr};
-  pid_t child = 0;
-  const int error = ::posix_spawn(&child, binary.c_str(), &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) {
-    throw std::runtime_error(
-        fmt::format("cannot run {}: {}", binary.string(), std::strerror(error)));
-  }
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw std::runtime_error(fmt::format("redis-server failed to start; the end of {}:{}",
-                                         layout.log_file.string(),
-                                         last_lines(layout.log_file, 15)));
-  }
+      spec.port, spec.bus_port, redis_process::quote_config_value(layout.nodes_conf.string()),
+      kNodeTimeoutMs, redis_process::quote_config_value(layout.data_dir.string()),
+      redis_process::quote_config_value(layout.pid_file.string()),
+      redis_process::quote_config_value(layout.log_file.string()));
+  redis_process::write_file_atomically(layout.config, config);
 }
 
 enum class Launch { kReady, kPortTaken };
@@ -529,13 +362,14 @@ Launch wait_for_node(const NodeSpec& spec, const NodeLayout& layout, std::stream
   for (;;) {
     // The log first: probing a port that another process holds may wait for a reply that
     // never comes.
-    if (read_file(layout.log_file, log_offset).find(kBindFailure) != std::string::npos) {
+    if (redis_process::read_file(layout.log_file, log_offset).find(kBindFailure) !=
+        std::string::npos) {
       return Launch::kPortTaken;
     }
     const NodeHealth health = probe_node(spec.port, layout);
     if (health == NodeHealth::kOurs) return Launch::kReady;
     const auto waited = Clock::now() - start_time;
-    const bool alive = is_live_redis_process(read_pid_file(layout.pid_file));
+    const bool alive = redis_process::is_live(redis_process::read_pid_file(layout.pid_file));
     const bool give_up = health == NodeHealth::kLoading && alive ? waited > kLoadingTimeout
                                                                  : waited > kNodeReadyTimeout;
     if (give_up) {
@@ -543,7 +377,7 @@ Launch wait_for_node(const NodeSpec& spec, const NodeLayout& layout, std::stream
           "the redis-server of cluster node 127.0.0.1:{} did not answer within {} s; the end of "
           "{}:{}",
           spec.port, std::chrono::duration_cast<std::chrono::seconds>(waited).count(),
-          layout.log_file.string(), last_lines(layout.log_file, 15)));
+          layout.log_file.string(), redis_process::last_lines(layout.log_file, 15)));
     }
     std::this_thread::sleep_for(kPollInterval);
   }
@@ -559,12 +393,12 @@ void launch_new_node(const fs::path& binary, const fs::path& cluster_dir, Cluste
     fs::create_directories(layout.data_dir);
     write_node_config(layout, spec);
     const std::streamoff log_offset = file_size_or_zero(layout.log_file);
-    spawn_redis_server(binary, layout);
+    redis_process::spawn_daemon(binary, layout.config, layout.log_file);
     if (wait_for_node(spec, layout, log_offset) == Launch::kReady) return;
     if (attempt == kPortAttempts) {
-      throw std::runtime_error(
-          fmt::format("cannot find free ports for a cluster node after {} tries; the end of {}:{}",
-                      kPortAttempts, layout.log_file.string(), last_lines(layout.log_file, 15)));
+      throw std::runtime_error(fmt::format(
+          "cannot find free ports for a cluster node after {} tries; the end of {}:{}",
+          kPortAttempts, layout.log_file.string(), redis_process::last_lines(layout.log_file, 15)));
     }
     spdlog::debug("port {} or {} was taken; moving the node to others", spec.port, spec.bus_port);
     fs::remove_all(layout.dir);
@@ -684,7 +518,7 @@ void wait_for_cluster_ok(const fs::path& cluster_dir, const ClusterState& state,
   throw std::runtime_error(fmt::format(
       "the local Redis Cluster in {} did not become ok within {} s ({}); the end of {}:{}",
       cluster_dir.string(), kClusterOkTimeout.count(), what, first_log.string(),
-      last_lines(first_log, 15)));
+      redis_process::last_lines(first_log, 15)));
 }
 
 // Joins freshly started nodes into one cluster: primaries take even slot ranges, everyone meets
@@ -754,7 +588,7 @@ void discard_nodes(const fs::path& cluster_dir, const ClusterState& state) noexc
       const NodeLayout layout = node_layout(cluster_dir, spec.port);
       if (const int pid = running_pid(spec, layout); pid > 0) {
         ::kill(pid, SIGTERM);
-        if (!wait_for_exit(pid, kStopTimeout)) {
+        if (!redis_process::wait_for_exit(pid, kStopTimeout)) {
           spdlog::warn("cluster node 127.0.0.1:{} (pid {}) did not exit", spec.port, pid);
           continue;  // its directory stays, with its log
         }
@@ -787,7 +621,7 @@ class CreationGuard {
 };
 
 void create_cluster(const fs::path& cluster_dir, int shards, int replicas) {
-  const fs::path binary = find_redis_server();
+  const fs::path binary = redis_process::find_binary();
   ClusterState state{.complete = false, .shards = shards, .replicas = replicas, .nodes = {}};
   const size_t count = static_cast<size_t>(shards) * (1 + replicas);
   const std::vector<int> ports = pick_free_ports(2 * count);
@@ -823,13 +657,13 @@ bool restart_cluster(const fs::path& cluster_dir, const ClusterState& state) {
           "cluster: remove the cluster (`dsfs server stop`, then delete {}) and start anew",
           spec.port, layout.nodes_conf.string(), cluster_dir.string()));
     }
-    if (!binary) binary = find_redis_server();
+    if (!binary) binary = redis_process::find_binary();
     write_node_config(layout, spec);
     const std::streamoff log_offset = file_size_or_zero(layout.log_file);
     std::error_code ignored;
     fs::remove(layout.pid_file, ignored);
     spdlog::debug("starting {} {}", binary->string(), layout.config.string());
-    spawn_redis_server(*binary, layout);
+    redis_process::spawn_daemon(*binary, layout.config, layout.log_file);
     launched.emplace_back(i, log_offset);
   }
   for (const auto& [index, log_offset] : launched) {
@@ -841,7 +675,7 @@ bool restart_cluster(const fs::path& cluster_dir, const ClusterState& state) {
           "its ports, and a node keeps its ports for life. Stop that process, or remove the "
           "cluster (`dsfs server stop`, then delete {}); the end of {}:{}",
           spec.port, spec.bus_port, cluster_dir.string(), layout.log_file.string(),
-          last_lines(layout.log_file, 15)));
+          redis_process::last_lines(layout.log_file, 15)));
     }
   }
   wait_for_cluster_ok(cluster_dir, state, /*formed=*/false);
@@ -877,7 +711,7 @@ void request_shutdown(const LocalClusterNodeStatus& node) {
 void wait_for_node_exit(const fs::path& cluster_dir, const LocalClusterNodeStatus& node) {
   const NodeLayout layout = node_layout(cluster_dir, node.port);
   const bool exited = node.pid > 0
-                          ? wait_for_exit(node.pid, kStopTimeout)
+                          ? redis_process::wait_for_exit(node.pid, kStopTimeout)
                           : wait_until(Clock::now() + kStopTimeout, [&] {
                               return probe_node(node.port, layout) == NodeHealth::kUnreachable;
                             });
@@ -970,7 +804,8 @@ LocalClusterStatus LocalCluster::status() const {
       }
     }
     if (!line) {
-      for (const NodeLine& candidate : parse_cluster_nodes(read_file(node.dir / "nodes.conf"))) {
+      for (const NodeLine& candidate :
+           parse_cluster_nodes(redis_process::read_file(node.dir / "nodes.conf"))) {
         if (candidate.myself) line = candidate;
       }
     }
@@ -1008,7 +843,7 @@ bool LocalCluster::start(int shards, int replicas) {
   }
   fs::permissions(cluster_dir, fs::perms::owner_all, fs::perm_options::replace, error);
 
-  const FileLock lock(cluster_dir / "start.lock");
+  const redis_process::StartLock lock(cluster_dir / "start.lock", kLockTimeout, kLockRemedy);
   if (const EmbeddedServerStatus embedded = EmbeddedServer(home_).status(); embedded.running) {
     throw std::runtime_error(fmt::format(
         "the single embedded redis-server of {} is running (pid {}, socket {}); dsfs runs a "
@@ -1045,7 +880,7 @@ bool LocalCluster::stop() {
   const fs::path cluster_dir = dir();
   std::error_code ignored;
   if (!fs::exists(state_file_of(cluster_dir), ignored)) return false;
-  const FileLock lock(cluster_dir / "start.lock");
+  const redis_process::StartLock lock(cluster_dir / "start.lock", kLockTimeout, kLockRemedy);
   const LocalClusterStatus current = status();
   bool stopped_any = false;
   // Replicas first: a replica still up while its primary stops could take the primary's place.

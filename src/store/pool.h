@@ -55,12 +55,4 @@ class ConnectionPool {
   uint64_t connects_ = 0;
 };
 
-// Calls fn() until it returns without throwing ConnectionError, sleeping with exponential
-// backoff (50 ms doubling to 1 s) between tries, until `budget` has passed; then rethrows the
-// last ConnectionError. ReplyError and other exceptions propagate at once.
-template <typename Fn>
-auto with_retry(std::chrono::milliseconds budget, Fn&& fn) -> decltype(fn());
-
 }  // namespace dsfs::store
-
-#include "src/store/retry_impl.h"

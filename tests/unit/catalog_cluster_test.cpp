@@ -36,6 +36,7 @@ class CatalogClusterTest : public ::testing::Test {
   static void SetUpTestSuite() { cluster_ = std::make_unique<test::TestCluster>(3); }
   static void TearDownTestSuite() { cluster_.reset(); }
   void SetUp() override {
+    ASSERT_NE(cluster_, nullptr) << "the suite's cluster did not start (see SetUpTestSuite)";
     cluster_->flush_all();
     client_ = std::make_unique<store::Client>(cluster_->endpoints());
     ASSERT_TRUE(client_->is_cluster());

@@ -1,4 +1,5 @@
-// The shared CLI options, endpoint resolution (flag > DSFS_REDIS > embedded) and `dsfs server`.
+// The shared CLI options, endpoint resolution (flag > DSFS_REDIS > a running local cluster >
+// embedded) and `dsfs server`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
@@ -14,6 +15,7 @@
 #include "src/cli/server_command.h"
 #include "src/store/connection.h"
 #include "src/store/embedded_server.h"
+#include "src/store/local_cluster.h"
 #include "tests/unit/support/files.h"
 
 namespace dsfs::cli {
@@ -21,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Sets an environment variable for one test and restores the previous value after.
 class ScopedEnv {
@@ -215,7 +218,10 @@ class EmbeddedHomeTest : public ::testing::Test {
     home_env_.emplace("DSFS_HOME", home_.string());
     redis_env_.emplace("DSFS_REDIS", std::nullopt);
   }
-  void TearDown() override { store::EmbeddedServer(home_).stop(); }
+  void TearDown() override {
+    store::LocalCluster(home_).stop();  // false, at no cost, when none was made
+    store::EmbeddedServer(home_).stop();
+  }
   test::TempDir home_dir_{"dsfs-cli-home"};  // removed after TearDown has stopped the server
   const fs::path home_ = home_dir_.path();
   std::optional<ScopedEnv> home_env_;
@@ -240,6 +246,40 @@ TEST_F(EmbeddedHomeTest, ResolveStartsTheEmbeddedServer) {
   testing::internal::CaptureStderr();
   resolve_endpoint(options);
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+// A running local cluster (`dsfs server start --shards N`) is what dsfs uses without --redis:
+// its nodes are the seeds, and the single server is not started beside it. Stopped, the single
+// server takes its place, with a note saying so.
+TEST_F(EmbeddedHomeTest, ResolveUsesTheRunningLocalCluster) {
+  store::LocalCluster cluster(home_);
+  cluster.start(1, 1);
+  const store::LocalClusterStatus status = cluster.status();
+  std::vector<int> ports;
+  for (const store::LocalClusterNodeStatus& node : status.nodes) ports.push_back(node.port);
+  GlobalOptions options;
+  testing::internal::CaptureStderr();
+  const std::vector<store::RedisEndpoint> seeds = resolve_seeds(options);
+  EXPECT_THAT(testing::internal::GetCapturedStderr(), Not(HasSubstr("embedded")));
+  std::vector<int> seed_ports;
+  for (const store::RedisEndpoint& seed : seeds) {
+    EXPECT_EQ(seed.transport, store::RedisEndpoint::Transport::kTcp);
+    EXPECT_EQ(seed.host, "127.0.0.1");
+    seed_ports.push_back(seed.port);
+  }
+  EXPECT_EQ(seed_ports, ports);
+  EXPECT_EQ(resolve_endpoint(options).port, ports.front());
+  EXPECT_FALSE(store::EmbeddedServer(home_).status().running);
+  EXPECT_TRUE(make_client(options)->is_cluster());
+
+  cluster.stop();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(resolve_endpoint(options).transport, store::RedisEndpoint::Transport::kUnix);
+  const std::string note = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(note, HasSubstr("started the embedded redis-server"));
+  EXPECT_THAT(note, HasSubstr("the local Redis Cluster in " + (home_ / "cluster").string() +
+                              " is stopped"));
+  EXPECT_TRUE(store::EmbeddedServer(home_).status().running);
 }
 
 // Runs `dsfs server ARGS...` and returns the exit code ExitCode carried (0 if none was thrown).

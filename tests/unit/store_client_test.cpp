@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -94,6 +95,44 @@ TEST(ClientSingleServer, ADownServerFailsWithinTheBudgetNamingIt) {
   EXPECT_THROW(client.get_values(keys, 1, 0ms), ConnectionError);
 }
 
+// get_one retries within the caller's budget, not the client's (10 s by default): a read that
+// asked for 300 ms or one try does not wait the client's budget on a server that is gone.
+TEST(ClientSingleServer, GetOneKeepsToTheCallersBudget) {
+  test::TestRedisServer server;
+  Client client({server.endpoint()});
+  ASSERT_EQ(client.options().retry_budget, 10s);
+  ASSERT_FALSE(client.command({"SET", "k", "v"}).is_error());
+  EXPECT_EQ(text(client.get_one("k", 0ms)), "v");
+  server.stop();
+  for (const std::chrono::milliseconds budget : {0ms, 300ms}) {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW(client.get_one("k", budget), ConnectionError);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, budget + 3s) << budget.count() << " ms";
+  }
+}
+
+// Errors name the seed that answered, not a dead first seed; before any answered, every seed.
+TEST(ClientSingleServer, DescribeNamesTheSeedThatAnswered) {
+  test::TestRedisServer server;
+  const int dead = test::free_tcp_port();
+  // Whether `text` names 127.0.0.1:port (not a longer port that starts with the same digits).
+  const auto names = [](const std::string& text, int port) {
+    const std::string address = "127.0.0.1:" + std::to_string(port);
+    const size_t at = text.find(address);
+    return at != std::string::npos &&
+           (at + address.size() == text.size() || !std::isdigit(text[at + address.size()]));
+  };
+  Client client({tcp(dead), tcp(server.port())});
+  const std::string before = client.describe();
+  EXPECT_TRUE(names(before, dead)) << before;
+  EXPECT_TRUE(names(before, server.port())) << before;
+  client.connect();
+  const std::string after = client.describe();
+  EXPECT_TRUE(names(after, server.port())) << after;
+  EXPECT_FALSE(names(after, dead)) << after;
+  EXPECT_NE(after.find("one of 2 seed nodes"), std::string::npos) << after;
+}
+
 TEST(ClientSingleServer, NoSeedAnsweringIsAClearError) {
   const int port = test::free_tcp_port();
   try {
@@ -121,27 +160,72 @@ TEST(ClientCommandKey, FindsTheKeyOfEachCommandDsfsSends) {
   EXPECT_THROW(parse_read_from("secondary"), std::invalid_argument);
 }
 
-// 3 primaries with a replica each, in a temp DSFS_HOME; stopped (SHUTDOWN) on destruction.
+// "Not now" replies, the cluster's own included, are the ones every caller retries with
+// Backoff; the rest are answers.
+TEST(ClientTransientReplies, ClusterDownIsRetriedLikeLoadingAndTryAgain) {
+  for (const std::string_view message :
+       {"LOADING Redis is loading the dataset in memory", "BUSY Redis is busy running a script",
+        "MASTERDOWN Link with MASTER is down", "TRYAGAIN Multiple keys request during rehashing",
+        "CLUSTERDOWN The cluster is down", "CLUSTERDOWN Hash slot not served"}) {
+    EXPECT_TRUE(is_transient_reply(message)) << message;
+  }
+  for (const std::string_view message :
+       {"ERR unknown command", "WRONGTYPE Operation against a key", "NOAUTH Authentication",
+        "MOVED 3999 127.0.0.1:6381", "ASK 3999 127.0.0.1:6381", "OOM command not allowed"}) {
+    EXPECT_FALSE(is_transient_reply(message)) << message;
+  }
+}
+
+// 3 primaries with a replica each (LocalCluster in a temp DSFS_HOME), stopped (SHUTDOWN) on
+// destruction. `spoiled`: a test altered it (killed a node, changed a timeout) or failed on it,
+// so the next test needs a new one.
+struct SharedCluster {
+  SharedCluster() : cluster(home.path()) { cluster.start(3, 1); }
+  ~SharedCluster() {
+    try {
+      cluster.stop();  // a node a test killed is skipped: it does not run
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "stopping the cluster: " << e.what();
+    }
+  }
+  SharedCluster(const SharedCluster&) = delete;
+  SharedCluster& operator=(const SharedCluster&) = delete;
+
+  test::TempDir home;
+  LocalCluster cluster;
+  bool spoiled = false;
+};
+
+// One cluster for the whole suite (starting one takes seconds): SetUp empties it (FLUSHALL on
+// every primary, and waits until each replica has flushed too). Tests that alter the cluster
+// come last in this file and call spoil(); after one of them, or after any failure, the next
+// test starts a new cluster, so no test depends on the order they run in. Not thread-safe
+// (gtest runs one test at a time).
 class ClusterTest : public ::testing::Test {
  protected:
+  static void TearDownTestSuite() { shared_.reset(); }
+
   void SetUp() override {
-    cluster_ = std::make_unique<LocalCluster>(home_.path());
-    cluster_->start(3, 1);
-    const LocalClusterStatus status = cluster_->status();
+    if (shared_ && shared_->spoiled) shared_.reset();
+    if (!shared_) shared_ = std::make_unique<SharedCluster>();
+    const LocalClusterStatus status = shared_->cluster.status();
     for (const LocalClusterNodeStatus& node : status.nodes) {
       (node.role == "primary" ? primaries_ : replicas_).push_back(node.port);
     }
     ASSERT_EQ(primaries_.size(), 3u);
     ASSERT_EQ(replicas_.size(), 3u);
+    for (const int port : primaries_) {
+      Connection conn(tcp(port));
+      conn.command({"FLUSHALL"}).expect_ok("FLUSHALL");
+      ASSERT_EQ(conn.command({"WAIT", "1", "5000"}).integer(), 1)
+          << "the replica of " << port << " did not flush";
+    }
   }
   void TearDown() override {
-    try {
-      cluster_->stop();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "stopping the cluster: " << e.what();
-    }
-    // A killed node is stopped by stop() only if it runs; kill any left by pid files.
+    if (HasFailure()) spoil();  // whatever broke may still be broken: later tests start anew
   }
+
+  static void spoil() { shared_->spoiled = true; }
 
   // Writes keys through a client (routed by slot) and waits until every replica has them.
   void write_keys(Client& client, const std::vector<std::string>& keys) {
@@ -191,8 +275,7 @@ class ClusterTest : public ::testing::Test {
     return std::string(conn.command({"CLUSTER", "MYID"}).str());
   }
 
-  test::TempDir home_;
-  std::unique_ptr<LocalCluster> cluster_;
+  static inline std::unique_ptr<SharedCluster> shared_;
   std::vector<int> primaries_;
   std::vector<int> replicas_;
 };
@@ -260,52 +343,6 @@ TEST_F(ClusterTest, RoutedPipelineAndGetRouterReachEveryNode) {
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(received[1000 + i], values[i]);
 }
 
-TEST_F(ClusterTest, ASlotMovingAnswersAskThenMovedAndReadsStayRight) {
-  Client client({tcp(primaries_[0])});
-  // Keys of one slot, so the migration moves them together.
-  std::vector<std::string> keys;
-  for (int i = 0; i < 6; ++i) keys.push_back("{moving}:k" + std::to_string(i));
-  write_keys(client, keys);
-  const uint32_t slot = key_slot(keys[0]);
-  const int source = owner_of(slot);
-  const int target = source == primaries_[0] ? primaries_[1] : primaries_[0];
-  Connection src(tcp(source));
-  Connection dst(tcp(target));
-  const std::string slot_text = std::to_string(slot);
-  ASSERT_FALSE(
-      dst.command({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", node_id(source)}).is_error());
-  ASSERT_FALSE(
-      src.command({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", node_id(target)}).is_error());
-  // Half the keys moved: the source answers ASK for those.
-  for (int i = 0; i < 3; ++i) {
-    const Reply migrated =
-        src.command({"MIGRATE", "127.0.0.1", std::to_string(target), keys[i], "0", "5000"});
-    ASSERT_FALSE(migrated.is_error()) << migrated.str();
-  }
-  const uint64_t before = client.redirects();
-  std::vector<ValueReply> got = client.get_values(keys, 4, 5s);
-  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
-  EXPECT_GT(client.redirects(), before);  // the moved ones were asked elsewhere
-  EXPECT_EQ(std::string(client.command({"GET", keys[0]}).str()), value_of(keys[0]));
-
-  // The rest moves and the slot is given to the target: MOVED, then the map is right again.
-  for (int i = 3; i < 6; ++i) {
-    ASSERT_FALSE(src.command({"MIGRATE", "127.0.0.1", std::to_string(target), keys[i], "0", "5000"})
-                     .is_error());
-  }
-  const std::string target_id = node_id(target);
-  for (const int port : primaries_) {
-    Connection conn(tcp(port));
-    ASSERT_FALSE(conn.command({"CLUSTER", "SETSLOT", slot_text, "NODE", target_id}).is_error());
-  }
-  got = client.get_values(keys, 4, 5s);
-  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
-  const uint64_t after_moved = client.redirects();
-  got = client.get_values(keys, 4, 5s);  // the map knows now: no more redirections
-  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
-  EXPECT_EQ(client.redirects(), after_moved);
-}
-
 TEST_F(ClusterTest, ReplicaReadsLeaveThePrimariesAloneAndANilIsAskedOfThePrimary) {
   {
     Client writer({tcp(primaries_[0])});
@@ -352,7 +389,56 @@ TEST_F(ClusterTest, ReplicaReadsLeaveThePrimariesAloneAndANilIsAskedOfThePrimary
   EXPECT_EQ(get_calls(primary_conn), before + 1);
 }
 
+// Runs on the shared cluster and leaves one slot on another primary, stable again: a state
+// any cluster may be in, so the tests after it need no new one.
+TEST_F(ClusterTest, ASlotMovingAnswersAskThenMovedAndReadsStayRight) {
+  Client client({tcp(primaries_[0])});
+  // Keys of one slot, so the migration moves them together.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back("{moving}:k" + std::to_string(i));
+  write_keys(client, keys);
+  const uint32_t slot = key_slot(keys[0]);
+  const int source = owner_of(slot);
+  const int target = source == primaries_[0] ? primaries_[1] : primaries_[0];
+  Connection src(tcp(source));
+  Connection dst(tcp(target));
+  const std::string slot_text = std::to_string(slot);
+  ASSERT_FALSE(
+      dst.command({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", node_id(source)}).is_error());
+  ASSERT_FALSE(
+      src.command({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", node_id(target)}).is_error());
+  // Half the keys moved: the source answers ASK for those.
+  for (int i = 0; i < 3; ++i) {
+    const Reply migrated =
+        src.command({"MIGRATE", "127.0.0.1", std::to_string(target), keys[i], "0", "5000"});
+    ASSERT_FALSE(migrated.is_error()) << migrated.str();
+  }
+  const uint64_t before = client.redirects();
+  std::vector<ValueReply> got = client.get_values(keys, 4, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_GT(client.redirects(), before);  // the moved ones were asked elsewhere
+  EXPECT_EQ(std::string(client.command({"GET", keys[0]}).str()), value_of(keys[0]));
+
+  // The rest moves and the slot is given to the target: MOVED, then the map is right again.
+  for (int i = 3; i < 6; ++i) {
+    ASSERT_FALSE(src.command({"MIGRATE", "127.0.0.1", std::to_string(target), keys[i], "0", "5000"})
+                     .is_error());
+  }
+  const std::string target_id = node_id(target);
+  for (const int port : primaries_) {
+    Connection conn(tcp(port));
+    ASSERT_FALSE(conn.command({"CLUSTER", "SETSLOT", slot_text, "NODE", target_id}).is_error());
+  }
+  got = client.get_values(keys, 4, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  const uint64_t after_moved = client.redirects();
+  got = client.get_values(keys, 4, 5s);  // the map knows now: no more redirections
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_EQ(client.redirects(), after_moved);
+}
+
 TEST_F(ClusterTest, APrimaryThatDiesIsReplacedAndReadsGoOn) {
+  spoil();  // a primary killed, node timeouts shortened
   for (const int port : primaries_) {
     Connection conn(tcp(port));
     conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"});

@@ -4,11 +4,13 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "src/store/client.h"
 #include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "src/store/pool.h"
@@ -478,13 +480,21 @@ TEST_F(PoolTest, BrokenConnectionsAreReplacedAfterRestart) {
   EXPECT_EQ(pool.connects(), 2u);
   redis_.stop();
   redis_.start();
-  // The idle connections are dead; with_retry gets a working one once the broken one is dropped.
+  // The idle connections are dead; a retry loop (Backoff, as Client::run has) gets a working one
+  // once the broken one is dropped.
+  Backoff backoff(5000ms);
   int attempts = 0;
-  const std::string pong = with_retry(5000ms, [&] {
+  std::string pong;
+  for (;;) {
     ++attempts;
-    auto lease = pool.acquire();
-    return std::string(lease->command({"PING"}).str());
-  });
+    try {
+      auto lease = pool.acquire();
+      pong = std::string(lease->command({"PING"}).str());
+      break;
+    } catch (const ConnectionError& e) {
+      ASSERT_TRUE(backoff.wait()) << "no working connection within 5 s: " << e.what();
+    }
+  }
   EXPECT_EQ(pong, "PONG");
   EXPECT_EQ(attempts, 2);  // one stale connection, then (idle ones flushed) a fresh one
   EXPECT_EQ(pool.connects(), 3u);
@@ -499,33 +509,36 @@ TEST_F(PoolTest, FailedConnectDoesNotLeakASlot) {
   EXPECT_EQ(pool.connects(), 0u);
 }
 
-TEST(RetryTest, ReplyErrorsPropagateAtOnce) {
-  int calls = 0;
-  EXPECT_THROW(with_retry(2000ms,
-                          [&]() -> int {
-                            ++calls;
-                            throw ReplyError("WRONGTYPE");
-                          }),
-               ReplyError);
-  EXPECT_EQ(calls, 1);
+// The one retry schedule of dsfs: 50 ms doubling, never sleeping past the deadline, and no
+// wait at all once it has passed.
+TEST(BackoffTest, WaitsWithinTheBudgetThenSaysNo) {
+  const auto start = std::chrono::steady_clock::now();
+  Backoff backoff(1000ms);
+  int waits = 0;
+  while (backoff.wait()) ++waits;
+  const auto spent = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(backoff.expired());
+  EXPECT_GE(spent, 1000ms);
+  EXPECT_LT(spent, 5000ms);  // a hang guard, not a timing
+  // 50 + 100 + 200 + 400 ms, then what is left of the second: at most five, doubling.
+  EXPECT_GE(waits, 1);
+  EXPECT_LE(waits, 5);
+  const auto after = std::chrono::steady_clock::now();
+  EXPECT_FALSE(backoff.wait());
+  EXPECT_LT(std::chrono::steady_clock::now() - after, 50ms);  // no sleep once expired
+
+  Backoff none(0ms);
+  EXPECT_TRUE(none.expired());
+  EXPECT_FALSE(none.wait());
 }
 
-TEST(RetryTest, ConnectionErrorsAreRetriedUntilTheBudgetIsSpent) {
-  int calls = 0;
-  EXPECT_THROW(with_retry(300ms,
-                          [&]() -> int {
-                            ++calls;
-                            throw ConnectionError("down");
-                          }),
-               ConnectionError);
-  EXPECT_GT(calls, 1);
-  int flaky = 0;
-  EXPECT_EQ(with_retry(5000ms,
-                       [&] {
-                         if (++flaky < 3) throw ConnectionError("not yet");
-                         return 7;
-                       }),
-            7);
+TEST(BackoffTest, ResetStartsAgainFromTheShortestStep) {
+  Backoff backoff(10000ms);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(backoff.wait());  // 50 + 100 + 200 + 400 ms
+  backoff.reset();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(backoff.wait());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 700ms);  // 50 ms, not the next 800
 }
 
 }  // namespace
