@@ -29,7 +29,10 @@ void PlanFile::resolve_locked(std::string_view line,
     const catalog::Catalog& catalog = *tree_.dataset(*dataset)->catalog;
     if (const std::optional<uint32_t> entry = catalog.find(rest);
         entry && !catalog.entry(*entry).is_dir) {
-      out.push_back({*dataset, *entry});
+      // An empty file has nothing to fetch and is never READ (the kernel knows its size), so
+      // the engine would never see it read: its place in the plan would hold the plan's
+      // frontier, and with it the window of files fetched ahead, there for good.
+      if (catalog.entry(*entry).size > 0) out.push_back({*dataset, *entry});
       return;
     }
   }

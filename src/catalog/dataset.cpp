@@ -567,8 +567,7 @@ void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
   // whole flip runs again where the slot lives now. It is idempotent: the same fields again.
   const auto unsettled = [](const store::Reply& reply) {
     return reply.is_error() &&
-           (store::parse_redirect(reply.str()) || store::is_transient_reply(reply.str()) ||
-            reply.str().starts_with("CLUSTERDOWN"));
+           (store::parse_redirect(reply.str()) || store::is_transient_reply(reply.str()));
   };
   for (int attempt = 0;; ++attempt) {
     std::string unsettled_reply;

@@ -72,6 +72,7 @@ class PlanFileTest : public ::testing::Test {
       builder.add_file(fmt::format("f{}.bin", i), 100, 0, 0644, /*object_id=*/i + 1,
                        catalog::kNoLabel, 0, "");
     }
+    builder.add_file("empty.bin", 0, 0, 0644, /*object_id=*/9, catalog::kNoLabel, 0, "");
     DatasetSnapshot d;
     d.info.name = kName;
     d.info.generation = 1;
@@ -128,6 +129,15 @@ TEST_F(PlanFileTest, WritesReplaceOrExtendThePlanAndCountUnknownPaths) {
   EXPECT_EQ(plan_->truncate(0), 0);
   EXPECT_EQ(plan_->size(), 0u);
   EXPECT_EQ(entries(), 0u);
+}
+
+// An empty file is never READ, so the engine would never see it read and the plan's frontier
+// (and the window fetched ahead of it) would stop at it for good: it is resolved, not counted
+// as unresolved, and not handed to the engine.
+TEST_F(PlanFileTest, AnEmptyFileIsResolvedButNotHandedToTheEngine) {
+  ASSERT_EQ(plan_->write(0, "pl/f0.bin\npl/empty.bin\npl/f1.bin\n"), 0);
+  EXPECT_EQ(plan_->unresolved(), 0u);
+  EXPECT_EQ(entries(), 2u);
 }
 
 TEST_F(PlanFileTest, AMappedLineStandsForTheFileItMapsTo) {
