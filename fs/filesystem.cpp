@@ -95,8 +95,9 @@ Filesystem::Filesystem(std::shared_ptr<store::Client> client,
       tree_(std::move(datasets)),
       client_(std::move(client)),
       cache_(options_.cache_bytes),
-      fetcher_(*client_, catalog::KeySchema(options_.ns),
-               prefetch::FetcherOptions{.timeout = options_.timeout}),
+      fetcher_(
+          *client_, catalog::KeySchema(options_.ns),
+          prefetch::FetcherOptions{.timeout = options_.timeout, .disk_tier = options_.disk_tier}),
       reader_(cache_, fetcher_, options_.verify),
       engine_(cache_, fetcher_, tree_.table(), *client_, options_.verify,
               prefetch::EngineOptions{.mode = options_.prefetch,
@@ -110,8 +111,7 @@ Filesystem::Filesystem(std::shared_ptr<store::Client> client,
       control_node_(
           tree_, [this] { return stats_json(); }, engine_,
           [this](const std::vector<std::string>& names) { return watcher_.refresh(names); }),
-      watcher_(tree_, *client_, catalog::KeySchema(options_.ns), options_.watch,
-               options_.leases,
+      watcher_(tree_, *client_, catalog::KeySchema(options_.ns), options_.watch, options_.leases,
                [this](const std::vector<std::string>& names) { datasets_changed(names); }) {
   using Kind = InodeRef::Kind;
   const auto route = [this](Kind kind, Node& node) { nodes_[static_cast<size_t>(kind)] = &node; };
@@ -201,6 +201,7 @@ std::string Filesystem::stats_json() const {
       .fs = counters_,
       .fetcher = fetcher_.stats(),
       .cache = cache_.stats(),
+      .disk_tier = options_.disk_tier ? std::optional(options_.disk_tier->stats()) : std::nullopt,
       .redis_connects = client_->connects(),
       .views = views_.stats(),
       .reads = reader_.stats(),

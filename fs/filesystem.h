@@ -69,6 +69,9 @@ struct FilesystemOptions {
   // Pins each generation the watcher lists (and is told of those it stops serving); null: no
   // leases. Must outlive the Filesystem.
   GenerationLeases* leases = nullptr;
+  // The local-disk tier (--disk-cache) between the object cache and Redis; null: none. Must
+  // outlive the Filesystem; its writer is started by whoever opened it (after any fork).
+  prefetch::DiskTier* disk_tier = nullptr;
 };
 
 // The client options a mount's reads use: a pool of options.connections per node, connect and

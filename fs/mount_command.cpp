@@ -35,6 +35,7 @@
 #include "fs/filesystem.h"
 #include "fs/inodes.h"
 #include "fs/mount.h"
+#include "prefetch/disk_tier.h"
 #include "src/catalog/keys.h"
 #include "src/catalog/names.h"
 #include "src/store/embedded_server.h"
@@ -54,6 +55,8 @@ struct MountArgs {
   bool foreground = false;
   bool debug_fuse = false;
   uint64_t cache_bytes = default_cache_bytes();
+  std::string disk_cache;
+  uint64_t disk_cache_bytes = 0;
   double timeout_s = 30;
   double lease_ttl_s = static_cast<double>(kDefaultLeaseTtl.count()) / 1000.0;
   bool verify = false;
@@ -225,6 +228,9 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   if (args.timeout_s <= 0) throw std::invalid_argument("--timeout must be positive");
   if (args.lease_ttl_s < 1) throw std::invalid_argument("--lease-ttl must be at least 1s");
   if (args.watch_interval_s < 0) throw std::invalid_argument("--watch-interval cannot be negative");
+  if (!args.disk_cache.empty() && args.disk_cache_bytes == 0) {
+    throw std::invalid_argument("--disk-cache needs --disk-cache-size (e.g. 200GiB)");
+  }
   const catalog::KeySchema keys(global.ns);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   FilesystemOptions fs_options;
@@ -281,15 +287,28 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
       .interval = std::chrono::milliseconds(static_cast<int64_t>(args.watch_interval_s * 1000)),
       .follow_updates = args.follow_updates};
   fs_options.leases = &leases;
+  // Opened before the fork, so a directory another mount holds is refused on the terminal; its
+  // writer thread starts in the daemon.
+  std::unique_ptr<prefetch::DiskTier> disk_tier;
+  if (!args.disk_cache.empty()) {
+    disk_tier = std::make_unique<prefetch::DiskTier>(
+        prefetch::DiskTierOptions{.dir = std::filesystem::absolute(args.disk_cache),
+                                  .capacity_bytes = args.disk_cache_bytes});
+    fs_options.disk_tier = disk_tier.get();
+  }
   const size_t dataset_count = datasets.size();
   Filesystem filesystem(client, std::move(datasets), fs_options);
   Session session(filesystem, SessionOptions{.mountpoint = mountpoint,
                                              .fuse_options = args.fuse_options,
                                              .threads = args.threads,
                                              .debug = args.debug_fuse});
-  spdlog::info("mounted {} dataset(s) from {} (namespace '{}') on {}; cache {} MiB, timeout {} s{}",
-               dataset_count, client->describe(), global.ns, mountpoint.string(),
-               args.cache_bytes >> 20, args.timeout_s, args.verify ? ", verifying checksums" : "");
+  spdlog::info(
+      "mounted {} dataset(s) from {} (namespace '{}') on {}; cache {} MiB, timeout {} s{}{}",
+      dataset_count, client->describe(), global.ns, mountpoint.string(), args.cache_bytes >> 20,
+      args.timeout_s, args.verify ? ", verifying checksums" : "",
+      disk_tier ? fmt::format(", disk cache {} ({} MiB)", disk_tier->options().dir.string(),
+                              args.disk_cache_bytes >> 20)
+                : "");
 
   int ready_fd = -1;
   if (!args.foreground) {
@@ -301,6 +320,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   try {
     filesystem.start_views();
     filesystem.start_prefetch();
+    if (disk_tier) disk_tier->start();
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     if (ready_fd >= 0) report_failure(ready_fd, e.what());
@@ -526,6 +546,20 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "Bytes of objects kept in memory (e.g. 512MiB, 4GiB)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  CLI::Option* disk_cache =
+      mount->add_option("--disk-cache", mount_args->disk_cache,
+                        "A directory on local disk (an NVMe or SSD, not tmpfs) that keeps the "
+                        "objects read from Redis across epochs and remounts: a read missing the "
+                        "memory cache looks there before Redis. Off unless given; needs "
+                        "--disk-cache-size. One mount per directory");
+  mount
+      ->add_option("--disk-cache-size", mount_args->disk_cache_bytes,
+                   "Bytes the --disk-cache directory may take (e.g. 200GiB). Size it to hold "
+                   "the whole dataset plus 1% (each object takes at least a 4 KiB block), and "
+                   "within the disk's free space: then from the second epoch on (and after a "
+                   "remount) reads stay local")
+      ->transform(CLI::AsSizeValue(false))
+      ->needs(disk_cache);
   mount
       ->add_option("--timeout", mount_args->timeout_s,
                    "How long a read waits for an unreachable Redis before failing with EIO "

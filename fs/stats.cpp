@@ -121,6 +121,7 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
       {"consumption_files_per_s", e.files_per_s},
       {"connections", e.connections},
       {"gets", e.gets},
+      {"disk_reads", e.disk_reads},
       {"failures", e.failures},
       {"plan",
        {{"entries", e.plan_entries},
@@ -128,6 +129,28 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
         {"position", e.plan_position}}},
       {"predictors", predictors},
   };
+}
+
+// null when the mount has no disk tier.
+nlohmann::ordered_json disk_tier_json(const std::optional<prefetch::DiskTierStats>& tier) {
+  if (!tier) return nullptr;
+  const prefetch::DiskTierStats& t = *tier;
+  return {{"capacity_bytes", t.capacity_bytes},
+          {"bytes_used", t.bytes_used},
+          {"entries", t.entries},
+          {"hits", t.hits},
+          {"misses", t.misses},
+          {"bytes_read", t.bytes_read},
+          {"writes", t.writes},
+          {"bytes_written", t.bytes_written},
+          {"writes_dropped", t.writes_dropped},
+          {"write_errors", t.write_errors},
+          {"checksum_failures", t.checksum_failures},
+          {"read_errors", t.read_errors},
+          {"evictions", t.evictions},
+          {"too_large", t.too_large},
+          {"queued_bytes", t.queued_bytes},
+          {"stale_temp_files", t.stale_temp_files}};
 }
 
 nlohmann::ordered_json views_json(const ViewStats& v) {
@@ -253,6 +276,7 @@ std::string render_stats_json(const StatsSources& sources) {
         {"connects", sources.redis_connects}}},
       {"errors", errors},
       {"cache", cache_json(c)},
+      {"disk_tier", disk_tier_json(sources.disk_tier)},
       {"prefetch", prefetch_json(sources.reads, sources.prefetch, c, sources.plan_unresolved)},
       {"views", views_json(sources.views)},
       {"datasets", datasets},

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "fs/dataset_watcher.h"
 #include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/disk_tier.h"
 #include "prefetch/engine.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
@@ -70,6 +72,7 @@ struct StatsSources {
   const FsCounters& fs;
   const prefetch::FetcherStats& fetcher;
   prefetch::CacheStats cache;
+  std::optional<prefetch::DiskTierStats> disk_tier;  // none without --disk-cache
   uint64_t redis_connects = 0;
   ViewStats views;
   const prefetch::ReadStats& reads;

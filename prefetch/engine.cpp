@@ -310,13 +310,25 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
 }
 
 void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
-  const DatasetSnapshot& d = *datasets_.get(fetch.dataset);
   if (reply.kind != store::ValueReply::Kind::kValue || reply.size != fetch.length) {
     // The reader's own fetch reports it properly (missing key, wrong length, Redis error).
     abandon(fetch, fmt::format("GET {} gave no value of {} bytes", fetch.redis_key, fetch.length));
     return;
   }
-  auto buffer = std::make_shared<const ObjectData>(std::move(reply));
+  complete(fetch, std::make_shared<const ObjectData>(std::move(reply)), /*from_redis=*/true);
+}
+
+bool PrefetchEngine::take_from_disk(Fetch& fetch) {
+  ObjectBuffer buffer =
+      fetcher_.read_from_disk(*datasets_.get(fetch.dataset), fetch.entry, fetch.key.chunk);
+  if (!buffer) return false;
+  disk_reads_.fetch_add(1, std::memory_order_relaxed);
+  complete(fetch, std::move(buffer), /*from_redis=*/false);
+  return true;
+}
+
+void PrefetchEngine::complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis) {
+  const DatasetSnapshot& d = *datasets_.get(fetch.dataset);
   if (fetch.verify) {
     try {
       fetcher_.verify_checksum(d, fetch.entry, std::span(&buffer, 1));
@@ -326,6 +338,8 @@ void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
     }
   }
   cache_.finish_prefetch(fetch.key, buffer);
+  // Written behind to the disk tier (if any), as the demand path's fetches are.
+  if (from_redis) fetcher_.offer_to_disk(d, fetch.entry, fetch.key.chunk, buffer);
   {
     std::lock_guard lock(mutex_);
     --inflight_objects_;
@@ -371,6 +385,18 @@ void PrefetchEngine::fetch_loop(size_t worker) {
         std::vector<Fetch> batch = next_fetches(share - outstanding.size(), ready);
         for (ReadySource& r : ready) {
           source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
+        }
+        if (fetcher_.disk_tier() != nullptr) {
+          // What the disk tier holds is staged from it into RAM here, on this worker (a local
+          // read, no round trip); only the rest goes to Redis.
+          std::vector<Fetch> from_redis;
+          for (Fetch& f : batch) {
+            if (!take_from_disk(f)) from_redis.push_back(std::move(f));
+          }
+          const bool staged = from_redis.size() < batch.size();
+          batch = std::move(from_redis);
+          // Staged alone: room freed at once, so ask for more now rather than idle below.
+          if (staged && batch.empty() && outstanding.empty()) continue;
         }
         if (!batch.empty()) {
           if (!router) {
@@ -460,6 +486,7 @@ EngineStats PrefetchEngine::stats() const {
   s.files_per_s = inflight_.files_per_s();
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;
   s.gets = gets_.load(std::memory_order_relaxed);
+  s.disk_reads = disk_reads_.load(std::memory_order_relaxed);
   s.failures = failures_.load(std::memory_order_relaxed);
   s.plan_entries = model_->plan().entries();
   s.plan_position = model_->plan().position();

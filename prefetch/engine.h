@@ -109,7 +109,8 @@ struct EngineStats {
   double files_per_s = 0;
   size_t connections = 0;
   uint64_t gets = 0;
-  uint64_t failures = 0;  // prefetches given up (Redis errors, bad data)
+  uint64_t disk_reads = 0;  // prefetches staged from the disk tier, not Redis
+  uint64_t failures = 0;    // prefetches given up (Redis errors, bad data)
   uint64_t plan_entries = 0;
   uint64_t plan_position = 0;
   std::vector<PredictorReport> predictors;
@@ -183,6 +184,11 @@ class PrefetchEngine {
   // Proposed files already cached are added to `ready` (when a source listener is set).
   std::vector<Fetch> next_fetches(size_t room, std::vector<ReadySource>& ready);
   void finish(Fetch& fetch, store::ValueReply reply);
+  // Completes `fetch` from the disk tier when it holds the object; false when it does not.
+  bool take_from_disk(Fetch& fetch);
+  // Checks (with --verify), caches and hands on a fetched object; from_redis: also write it
+  // behind to the disk tier.
+  void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
   ObjectCache& cache_;
@@ -212,6 +218,7 @@ class PrefetchEngine {
   SourceReadyListener source_listener_;
 
   std::atomic<uint64_t> gets_{0};
+  std::atomic<uint64_t> disk_reads_{0};  // prefetches served by the disk tier
   std::atomic<uint64_t> failures_{0};
   std::atomic<bool> stopping_{false};
   std::vector<store::GetRouter*> routers_;  // the workers' own, for stop() to interrupt

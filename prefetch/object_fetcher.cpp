@@ -35,9 +35,60 @@ bool ObjectFetcher::answers_within(std::chrono::milliseconds limit) const {
   return client_.answers_within(limit);
 }
 
+namespace {
+
+DiskTierKey disk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) {
+  return DiskTierKey{.dataset = dataset.name(),
+                     .generation = dataset.generation(),
+                     .object_id = dataset.catalog->entry(entry).object_id,
+                     .chunk = chunk};
+}
+
+}  // namespace
+
+void ObjectFetcher::offer_to_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk,
+                                  ObjectBuffer buffer) {
+  if (options_.disk_tier != nullptr) {
+    options_.disk_tier->put(disk_key(dataset, entry, chunk), std::move(buffer));
+  }
+}
+
+ObjectBuffer ObjectFetcher::read_from_disk(const DatasetSnapshot& dataset, uint32_t entry,
+                                           uint32_t chunk) const {
+  if (options_.disk_tier == nullptr) return nullptr;
+  return options_.disk_tier->get(disk_key(dataset, entry, chunk),
+                                 chunk_length(*dataset.catalog, entry, chunk));
+}
+
 std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dataset,
                                                       uint32_t entry,
                                                       std::span<const uint32_t> chunks) {
+  DiskTier* const tier = options_.disk_tier;
+  if (tier == nullptr) return fetch_from_redis(dataset, entry, chunks);
+  // The tier first; what it lacks (or drops as damaged) comes from Redis in one pipeline.
+  std::vector<ObjectBuffer> buffers(chunks.size());
+  std::vector<uint32_t> missing;
+  std::vector<size_t> missing_at;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    buffers[i] = tier->get(disk_key(dataset, entry, chunks[i]),
+                           chunk_length(*dataset.catalog, entry, chunks[i]));
+    if (!buffers[i]) {
+      missing.push_back(chunks[i]);
+      missing_at.push_back(i);
+    }
+  }
+  if (missing.empty()) return buffers;
+  std::vector<ObjectBuffer> fetched = fetch_from_redis(dataset, entry, missing);
+  for (size_t i = 0; i < fetched.size(); ++i) {
+    tier->put(disk_key(dataset, entry, missing[i]), fetched[i]);
+    buffers[missing_at[i]] = std::move(fetched[i]);
+  }
+  return buffers;
+}
+
+std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot& dataset,
+                                                          uint32_t entry,
+                                                          std::span<const uint32_t> chunks) {
   std::vector<std::string> keys;
   keys.reserve(chunks.size());
   for (const uint32_t chunk : chunks) keys.push_back(chunk_key(dataset, entry, chunk));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"
+#include "prefetch/disk_tier.h"
 #include "prefetch/object_data.h"
 #include "src/catalog/keys.h"
 #include "src/store/client.h"
@@ -43,6 +44,9 @@ struct FetcherOptions {
   // PING with this much time to connect and answer: it fails at once unless Redis answers (it
   // may have just come back), and tries once if it does.
   std::chrono::milliseconds reissue_window{100};
+  // The local-disk tier (--disk-cache), or null: looked in before Redis, and given every object
+  // fetched from Redis to write behind. Must outlive the fetcher.
+  DiskTier* disk_tier = nullptr;
 };
 
 struct FetcherStats {
@@ -66,9 +70,11 @@ class ObjectFetcher {
   ObjectFetcher(store::Client& client, catalog::KeySchema keys, FetcherOptions options);
 
   // GETs chunks `chunks` of file `entry` (pipelined on one connection) and returns them in
-  // that order, each checked for its exact length. Throws IntegrityError, store::ReplyError, or
-  // store::ConnectionError once Redis has been unreachable for the whole timeout (or at the
-  // first failure while an earlier fetch has already waited that long and Redis is not back).
+  // that order, each checked for its exact length. Chunks the disk tier holds (and that check
+  // out there) are read from it instead; those fetched from Redis are queued to it. Throws
+  // IntegrityError, store::ReplyError, or store::ConnectionError once Redis has been unreachable
+  // for the whole timeout (or at the first failure while an earlier fetch has already waited that
+  // long and Redis is not back).
   std::vector<ObjectBuffer> fetch_chunks(const DatasetSnapshot& dataset, uint32_t entry,
                                          std::span<const uint32_t> chunks);
 
@@ -88,12 +94,24 @@ class ObjectFetcher {
   std::string chunk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
   static uint64_t chunk_length(const catalog::Catalog& catalog, uint32_t entry, uint32_t chunk);
 
+  // Queues chunk `chunk` of file `entry`, fetched from Redis elsewhere (the engine's
+  // prefetches), to the disk tier; a no-op without one. Never blocks on disk.
+  void offer_to_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk,
+                     ObjectBuffer buffer);
+  DiskTier* disk_tier() const { return options_.disk_tier; }
+  // Chunk `chunk` of file `entry` from the disk tier (checked there), or null: no tier, not on
+  // disk, or dropped as damaged. Reads the disk on the calling thread.
+  ObjectBuffer read_from_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
+
   const FetcherStats& stats() const { return stats_; }
   bool redis_down() const { return redis_down_.load(std::memory_order_relaxed); }
   const FetcherOptions& options() const { return options_; }
   store::Client& client() const { return client_; }
 
  private:
+  // fetch_chunks without the disk tier.
+  std::vector<ObjectBuffer> fetch_from_redis(const DatasetSnapshot& dataset, uint32_t entry,
+                                             std::span<const uint32_t> chunks);
   // True if a fresh connection (not the pool's) connects and answers PING within `limit`.
   bool answers_within(std::chrono::milliseconds limit) const;
 

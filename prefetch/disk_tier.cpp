@@ -1,0 +1,506 @@
+#include "prefetch/disk_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "src/store/log_text.h"
+
+namespace dsfs::prefetch {
+namespace {
+
+constexpr std::array<char, 8> kMagic = {'D', 'S', 'F', 'S', 'T', 'I', 'E', 'R'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 64;
+constexpr uint64_t kBlock = 4096;
+constexpr std::string_view kTempSuffix = ".tmp";
+// DIR/objects/XX/<dataset>-<generation>-<object>-<chunk>, all hex: 16-16-16-8.
+constexpr size_t kNameLength = 16 + 1 + 16 + 1 + 16 + 1 + 8;
+
+// The fixed part of a file's header, in host byte order (a file from a host of the other order
+// fails the version and header checks, and is dropped).
+struct Header {
+  std::array<char, 8> magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t name_length = 0;
+  uint64_t payload_length = 0;
+  uint64_t payload_xxh64 = 0;
+  uint64_t generation = 0;
+  uint64_t object_id = 0;
+  uint32_t chunk = 0;
+  uint32_t reserved = 0;
+  uint64_t header_xxh64 = 0;  // over the bytes above and the dataset name
+};
+static_assert(sizeof(Header) == kHeaderBytes);
+
+uint64_t header_digest(const Header& header, std::string_view name) {
+  std::string bytes(reinterpret_cast<const char*>(&header), offsetof(Header, header_xxh64));
+  bytes += name;
+  return XXH64(bytes.data(), bytes.size(), 0);
+}
+
+uint64_t on_disk_bytes(uint64_t file_size) {
+  return (file_size + kBlock - 1) / kBlock * kBlock;
+}
+
+// An open file descriptor, closed on destruction.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  // Closes now, so that a failed close (deferred write errors) is seen; returns its errno or 0.
+  int close() {
+    const int fd = std::exchange(fd_, -1);
+    return fd >= 0 && ::close(fd) != 0 ? errno : 0;
+  }
+
+ private:
+  int fd_;
+};
+
+struct DirCloser {
+  void operator()(DIR* dir) const { ::closedir(dir); }
+};
+
+// 0, or the errno of the first failure; a short read is ENODATA.
+int pread_all(int fd, char* data, size_t length, uint64_t offset) {
+  while (length > 0) {
+    const ssize_t got = ::pread(fd, data, length, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return errno;
+    if (got == 0) return ENODATA;
+    data += got;
+    length -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return 0;
+}
+
+int write_all(int fd, const char* data, size_t length) {
+  while (length > 0) {
+    const ssize_t put = ::write(fd, data, length);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) return errno;
+    data += put;
+    length -= static_cast<size_t>(put);
+  }
+  return 0;
+}
+
+bool parse_hex(std::string_view text, uint64_t& value) {
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  return error == std::errc() && end == text.data() + text.size();
+}
+
+}  // namespace
+
+size_t DiskTier::FileIdHash::operator()(const FileId& id) const {
+  const std::array<uint64_t, 4> fields = {id.dataset, id.generation, id.object_id, id.chunk};
+  return XXH3_64bits(fields.data(), sizeof fields);
+}
+
+DiskTier::FileId DiskTier::id_of(const DiskTierKey& key) {
+  return FileId{.dataset = XXH64(key.dataset.data(), key.dataset.size(), 0),
+                .generation = key.generation,
+                .object_id = key.object_id,
+                .chunk = key.chunk};
+}
+
+std::filesystem::path DiskTier::path_of(const FileId& id) const {
+  return objects_dir_ / fmt::format("{:02x}", FileIdHash{}(id)&0xff) /
+         fmt::format("{:016x}-{:016x}-{:016x}-{:08x}", id.dataset, id.generation, id.object_id,
+                     id.chunk);
+}
+
+std::filesystem::path DiskTier::path_of(const DiskTierKey& key) const {
+  return path_of(id_of(key));
+}
+
+DiskTier::DiskTier(DiskTierOptions options)
+    : options_(std::move(options)), objects_dir_(options_.dir / "objects") {
+  std::error_code error;
+  std::filesystem::create_directories(objects_dir_, error);
+  if (error) {
+    throw std::runtime_error(fmt::format("cannot create the disk cache directory {}: {}",
+                                         objects_dir_.string(), error.message()));
+  }
+  const std::filesystem::path lock_path = options_.dir / "lock";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0) {
+    throw std::runtime_error(fmt::format("cannot open the disk cache lock {}: {}",
+                                         lock_path.string(), std::strerror(errno)));
+  }
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int lock_error = errno;
+    std::array<char, 32> holder{};
+    const ssize_t got = ::pread(lock_fd_, holder.data(), holder.size() - 1, 0);
+    ::close(lock_fd_);
+    if (lock_error == EWOULDBLOCK) {
+      throw DiskTierLocked(fmt::format(
+          "the disk cache {} is in use by another dsfs mount (pid {}); give each mount its own "
+          "--disk-cache directory",
+          options_.dir.string(), got > 0 ? std::string(holder.data()) : "unknown"));
+    }
+    throw std::runtime_error(fmt::format("cannot lock the disk cache {}: {}", lock_path.string(),
+                                         std::strerror(lock_error)));
+  }
+  // Who holds it, for the second mount's message. The pid changes if the mount forks; the lock
+  // (on the open file, shared with the child) does not.
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
+    spdlog::debug("cannot record the pid in {}", lock_path.string());
+  }
+  stats_.capacity_bytes = options_.capacity_bytes;
+  try {
+    rebuild_index();
+  } catch (...) {
+    ::close(lock_fd_);
+    throw;
+  }
+}
+
+DiskTier::~DiskTier() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  ::close(lock_fd_);
+}
+
+void DiskTier::start() {
+  std::lock_guard lock(mutex_);
+  if (writer_.joinable() || stopping_) return;
+  // The process that serves it now (a mount opens the tier, then forks its daemon).
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
+    spdlog::debug("cannot record the pid in {}/lock", options_.dir.string());
+  }
+  writer_ = std::thread([this] { writer_loop(); });
+}
+
+void DiskTier::rebuild_index() {
+  struct Found {
+    int64_t mtime_ns;
+    FileId id;
+    uint64_t bytes;
+  };
+  std::vector<Found> found;
+  // readdir and fstatat on each of the 256 subdirectories: no path is built per file.
+  for (unsigned sub = 0; sub < 256; ++sub) {
+    const std::filesystem::path subdir = objects_dir_ / fmt::format("{:02x}", sub);
+    const std::unique_ptr<DIR, DirCloser> listing(::opendir(subdir.c_str()));
+    if (!listing) {
+      if (errno == ENOENT || errno == ENOTDIR) continue;
+      throw std::runtime_error(
+          fmt::format("cannot list the disk cache {}: {}", subdir.string(), std::strerror(errno)));
+    }
+    const int dir_fd = ::dirfd(listing.get());
+    while (const dirent* file = ::readdir(listing.get())) {
+      const std::string_view name = file->d_name;
+      if (name.ends_with(kTempSuffix)) {
+        // A write a killed daemon never finished: never renamed, so never an object.
+        if (::unlinkat(dir_fd, file->d_name, 0) == 0) ++stats_.stale_temp_files;
+        continue;
+      }
+      FileId id;
+      uint64_t chunk = 0;
+      if (name.size() != kNameLength || name[16] != '-' || name[33] != '-' || name[50] != '-' ||
+          !parse_hex(name.substr(0, 16), id.dataset) ||
+          !parse_hex(name.substr(17, 16), id.generation) ||
+          !parse_hex(name.substr(34, 16), id.object_id) || !parse_hex(name.substr(51, 8), chunk)) {
+        continue;  // not ours: left alone
+      }
+      id.chunk = static_cast<uint32_t>(chunk);
+      if ((FileIdHash{}(id)&0xff) != sub) continue;  // in the wrong subdirectory: not ours
+      struct stat st {};
+      if (::fstatat(dir_fd, file->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+        continue;
+      }
+      found.push_back(
+          Found{.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+                .id = id,
+                .bytes = on_disk_bytes(static_cast<uint64_t>(st.st_size))});
+    }
+  }
+  // Oldest written first: the best guess at least recently used.
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.mtime_ns < b.mtime_ns; });
+  std::lock_guard lock(mutex_);
+  for (const Found& f : found) {
+    lru_.push_back(f.id);
+    index_.emplace(f.id, Entry{.bytes = f.bytes, .lru = std::prev(lru_.end())});
+    stats_.bytes_used += f.bytes;
+    uint64_t& newest = newest_generation_[f.id.dataset];
+    newest = std::max(newest, f.id.generation);
+  }
+  // Older generations go first.
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    const auto next = std::next(it);
+    if (it->generation < newest_generation_[it->dataset]) lru_.splice(lru_.begin(), lru_, it);
+    it = next;
+  }
+  // Made with a larger capacity before.
+  while (stats_.bytes_used > options_.capacity_bytes && !lru_.empty()) {
+    erase_locked(lru_.front());
+    ++stats_.evictions;
+  }
+  stats_.entries = index_.size();
+  spdlog::info("disk cache {}: {} objects, {} MiB of {} MiB{}", options_.dir.string(),
+               index_.size(), stats_.bytes_used >> 20, options_.capacity_bytes >> 20,
+               stats_.stale_temp_files > 0
+                   ? fmt::format("; removed {} unfinished writes", stats_.stale_temp_files)
+                   : "");
+}
+
+void DiskTier::erase_locked(const FileId& id) {
+  const auto it = index_.find(id);
+  if (it == index_.end()) return;
+  stats_.bytes_used -= it->second.bytes;
+  lru_.erase(it->second.lru);
+  index_.erase(it);
+  stats_.entries = index_.size();
+  if (::unlink(path_of(id).c_str()) != 0 && errno != ENOENT) {
+    spdlog::debug("disk cache: cannot remove {}: {}", path_of(id).string(), std::strerror(errno));
+  }
+}
+
+void DiskTier::note_generation_locked(uint64_t dataset, uint64_t generation) {
+  uint64_t& newest = newest_generation_[dataset];
+  if (generation <= newest) return;
+  newest = generation;
+  // Rare (a re-ingest): one pass moves the dataset's older files to the front.
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    const auto next = std::next(it);
+    if (it->dataset == dataset && it->generation < generation) {
+      lru_.splice(lru_.begin(), lru_, it);
+    }
+    it = next;
+  }
+}
+
+void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::string& why,
+                        bool checksum) {
+  std::lock_guard lock(mutex_);
+  ++stats_.misses;
+  // Evicted (or dropped by another reader) since this read looked: nothing wrong with the disk.
+  if (!index_.contains(id)) return;
+  ++(checksum ? stats_.checksum_failures : stats_.read_errors);
+  spdlog::warn(
+      "disk cache: dropped {} (object {} chunk {} of {} generation {}): {}; read from Redis",
+      path_of(id).string(), id.object_id, id.chunk, store::log_text(dataset), id.generation, why);
+  erase_locked(id);
+}
+
+ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
+  const FileId id = id_of(key);
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = index_.find(id);
+    if (it == index_.end()) {
+      ++stats_.misses;
+      return nullptr;
+    }
+    // A generation older than the newest of its dataset keeps its place at the front.
+    if (id.generation >= newest_generation_[id.dataset]) {
+      lru_.splice(lru_.end(), lru_, it->second.lru);
+    }
+  }
+  const std::filesystem::path path = path_of(id);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    drop_bad(id, key.dataset,
+             errno == ENOENT ? std::string("the file vanished") : std::strerror(errno), false);
+    return nullptr;
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    drop_bad(id, key.dataset, std::strerror(errno), false);
+    return nullptr;
+  }
+  const uint64_t expected = kHeaderBytes + key.dataset.size() + length;
+  if (static_cast<uint64_t>(st.st_size) != expected) {
+    drop_bad(id, key.dataset,
+             fmt::format("the file has {} bytes, {} expected", st.st_size, expected), true);
+    return nullptr;
+  }
+  std::string head(kHeaderBytes + key.dataset.size(), '\0');
+  if (const int error = pread_all(fd.get(), head.data(), head.size(), 0); error != 0) {
+    drop_bad(id, key.dataset, std::strerror(error), false);
+    return nullptr;
+  }
+  Header header;
+  std::memcpy(&header, head.data(), kHeaderBytes);
+  const std::string_view name = std::string_view(head).substr(kHeaderBytes);
+  if (header.magic != kMagic || header.version != kVersion ||
+      header.name_length != key.dataset.size() || header.payload_length != length ||
+      header.generation != key.generation || header.object_id != key.object_id ||
+      header.chunk != key.chunk || name != key.dataset ||
+      header.header_xxh64 != header_digest(header, name)) {
+    drop_bad(id, key.dataset, "its header does not match the object", true);
+    return nullptr;
+  }
+  std::string payload(length, '\0');
+  if (const int error = pread_all(fd.get(), payload.data(), payload.size(), head.size());
+      error != 0) {
+    drop_bad(id, key.dataset, std::strerror(error), false);
+    return nullptr;
+  }
+  if (XXH64(payload.data(), payload.size(), 0) != header.payload_xxh64) {
+    drop_bad(id, key.dataset, "its payload fails its checksum", true);
+    return nullptr;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.hits;
+    stats_.bytes_read += length;
+  }
+  return std::make_shared<const ObjectData>(std::move(payload));
+}
+
+bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer) {
+  const FileId id = id_of(key);
+  const uint64_t bytes = on_disk_bytes(kHeaderBytes + key.dataset.size() + buffer->size());
+  std::lock_guard lock(mutex_);
+  if (stopping_ || index_.contains(id) || queued_.contains(id)) return false;
+  if (bytes > options_.capacity_bytes) {
+    ++stats_.too_large;
+    return false;
+  }
+  if (stats_.queued_bytes + buffer->size() > options_.queue_bytes) {
+    ++stats_.writes_dropped;
+    return false;
+  }
+  stats_.queued_bytes += buffer->size();
+  queued_.insert(id);
+  queue_.push_back(
+      Write{.id = id, .dataset = std::string(key.dataset), .buffer = std::move(buffer)});
+  work_.notify_one();
+  return true;
+}
+
+void DiskTier::flush() {
+  std::unique_lock lock(mutex_);
+  if (!writer_.joinable()) return;
+  idle_.wait(lock, [this] { return queue_.empty() && !writing_; });
+}
+
+DiskTierStats DiskTier::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void DiskTier::writer_loop() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) break;  // stopping, and every queued write done
+    Write write = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    lock.unlock();
+    try {
+      write_one(write);
+    } catch (const std::exception& e) {
+      spdlog::warn("disk cache: a write failed: {}", e.what());
+    }
+    lock.lock();
+    queued_.erase(write.id);
+    stats_.queued_bytes -= write.buffer->size();
+    writing_ = false;
+    idle_.notify_all();
+  }
+}
+
+void DiskTier::write_one(const Write& write) {
+  const FileId& id = write.id;
+  const std::string_view payload = write.buffer->bytes();
+  Header header;
+  header.name_length = static_cast<uint32_t>(write.dataset.size());
+  header.payload_length = payload.size();
+  header.payload_xxh64 = XXH64(payload.data(), payload.size(), 0);
+  header.generation = id.generation;
+  header.object_id = id.object_id;
+  header.chunk = id.chunk;
+  header.header_xxh64 = header_digest(header, write.dataset);
+  std::string head(reinterpret_cast<const char*>(&header), kHeaderBytes);
+  head += write.dataset;
+  const uint64_t bytes = on_disk_bytes(head.size() + payload.size());
+  {
+    // Room first, so the bound holds while the file is written too.
+    std::lock_guard lock(mutex_);
+    note_generation_locked(id.dataset, id.generation);
+    while (stats_.bytes_used + bytes > options_.capacity_bytes && !lru_.empty()) {
+      erase_locked(lru_.front());
+      ++stats_.evictions;
+    }
+  }
+  const std::filesystem::path path = path_of(id);
+  const std::filesystem::path temp = path.string() + std::string(kTempSuffix);
+  int error = 0;
+  {
+    UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (fd.get() < 0 && errno == ENOENT) {
+      // Its subdirectory is new (or was removed under us).
+      std::error_code ignored;
+      std::filesystem::create_directories(path.parent_path(), ignored);
+      fd.reset(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    }
+    if (fd.get() < 0) {
+      error = errno;
+    } else {
+      error = write_all(fd.get(), head.data(), head.size());
+      if (error == 0) error = write_all(fd.get(), payload.data(), payload.size());
+      const int close_error = fd.close();
+      if (error == 0) error = close_error;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  if (error == 0 && ::rename(temp.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
+    ::unlink(temp.c_str());
+    ++stats_.write_errors;
+    // A full or failing disk fails every write alike: one line per change of errno.
+    if (error != last_write_errno_) {
+      spdlog::warn("disk cache: cannot write {}: {}; objects not written are read from Redis",
+                   path.string(), std::strerror(error));
+      last_write_errno_ = error;
+    }
+    return;
+  }
+  last_write_errno_ = 0;
+  lru_.push_back(id);
+  index_.emplace(id, Entry{.bytes = bytes, .lru = std::prev(lru_.end())});
+  stats_.bytes_used += bytes;
+  stats_.entries = index_.size();
+  ++stats_.writes;
+  stats_.bytes_written += payload.size();
+}
+
+}  // namespace dsfs::prefetch

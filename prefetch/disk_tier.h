@@ -1,0 +1,169 @@
+#pragma once
+// A second cache tier on local disk, below the RAM object cache and above Redis: objects fetched
+// from Redis are written to DIR behind the read, and a RAM miss looks here before asking Redis.
+// A disk problem never fails a read and never returns wrong bytes: every file carries its key,
+// length and checksum, and anything that does not check out is dropped and reported as not found,
+// so the caller goes to Redis.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "prefetch/object_data.h"
+
+namespace dsfs::prefetch {
+
+// Which object: one chunk of one object of one generation of a dataset, by name (the RAM cache's
+// dataset index means nothing to another mount). The generation is part of the key, so a
+// re-ingested dataset never finds the old generation's bytes.
+struct DiskTierKey {
+  std::string_view dataset;
+  uint64_t generation = 0;
+  uint64_t object_id = 0;
+  uint32_t chunk = 0;
+};
+
+struct DiskTierOptions {
+  std::filesystem::path dir;
+  // Bytes the tier's object files may take, each counted as its size rounded up to 4 KiB.
+  uint64_t capacity_bytes = 0;
+  // Payload bytes waiting to be written; past it, new writes are dropped (and counted).
+  uint64_t queue_bytes = uint64_t{64} << 20;
+};
+
+struct DiskTierStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t bytes_used = 0;  // object files on disk, rounded up to 4 KiB each
+  uint64_t entries = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t bytes_read = 0;  // payload bytes served from disk
+  uint64_t writes = 0;      // objects written
+  uint64_t bytes_written = 0;
+  uint64_t writes_dropped = 0;     // the write-behind queue was full
+  uint64_t write_errors = 0;       // ENOSPC, EIO, a vanished directory...
+  uint64_t checksum_failures = 0;  // a file whose header, length or payload did not check out
+  uint64_t read_errors = 0;        // a file that vanished or could not be read
+  uint64_t evictions = 0;
+  uint64_t too_large = 0;  // objects larger than the whole tier: not written
+  uint64_t queued_bytes = 0;
+  uint64_t stale_temp_files = 0;  // half-written files of a killed daemon, removed at open
+};
+
+// Another dsfs mount holds the directory.
+class DiskTierLocked : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A directory of object files, one per object: DIR/objects/XX/NAME holds a header (magic,
+// version, the full key, payload length and XXH64, the header's own XXH64) then the payload.
+// Written as NAME.tmp and renamed, so a killed writer leaves only temp files, removed at the next
+// open. The index (key -> size, LRU order) lives in memory and is rebuilt at open from readdir
+// and stat alone (no payload is read; the first read of each file checks it). An flock on
+// DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes; eviction is LRU,
+// except that objects of a generation older than the newest one seen of the same dataset go
+// first.
+//
+// Thread safety: get(), put(), flush() and stats() may be called from any thread at once (FUSE
+// workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
+// writer waits on it with work_/idle_); file reads run outside it, unlinks and renames inside
+// it (so a file is never replaced between the index's answer and the unlink of a dropped entry).
+// One background thread (start()) does all writes and evictions.
+class DiskTier {
+ public:
+  // Creates DIR (and DIR/objects) if needed, takes the lock, removes stale temp files and builds
+  // the index, evicting down to the capacity if it was made with a larger one. Starts no thread
+  // (so it can be opened before a fork). Throws DiskTierLocked when another process holds DIR,
+  // std::runtime_error naming the path for any other failure.
+  explicit DiskTier(DiskTierOptions options);
+  // Finishes the queued writes (if started), then stops the writer and releases the lock.
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // Starts the writer thread (after any fork: threads do not survive one). Idempotent.
+  void start();
+
+  // The object, checked against `length` and its checksum; nullptr when it is not on disk or
+  // did not check out (then it is dropped, logged once and counted). Never throws for a disk
+  // problem.
+  ObjectBuffer get(const DiskTierKey& key, uint64_t length);
+
+  // Queues the object to be written behind the caller. Returns false (changing nothing) when it
+  // is already on disk or queued, larger than the tier, or the queue is full (counted as
+  // dropped). Never blocks on disk.
+  bool put(const DiskTierKey& key, ObjectBuffer buffer);
+
+  // Waits until every write queued so far is done (tests, and a clean close).
+  void flush();
+
+  DiskTierStats stats() const;
+  const DiskTierOptions& options() const { return options_; }
+  // The file that holds `key` (whether or not it exists).
+  std::filesystem::path path_of(const DiskTierKey& key) const;
+
+ private:
+  // What the index knows of a file: its name's fields. `dataset` is the XXH64 of the name (the
+  // header carries the name itself, checked on read, so a collision cannot serve wrong bytes).
+  struct FileId {
+    uint64_t dataset = 0;
+    uint64_t generation = 0;
+    uint64_t object_id = 0;
+    uint32_t chunk = 0;
+    bool operator==(const FileId&) const = default;
+  };
+  struct FileIdHash {
+    size_t operator()(const FileId& id) const;
+  };
+  struct Entry {
+    uint64_t bytes = 0;  // on disk, rounded up to 4 KiB
+    std::list<FileId>::iterator lru;
+  };
+  struct Write {
+    FileId id;
+    std::string dataset;
+    ObjectBuffer buffer;
+  };
+
+  static FileId id_of(const DiskTierKey& key);
+  std::filesystem::path path_of(const FileId& id) const;
+  void rebuild_index();
+  void writer_loop();
+  // Writes one object (evicting first so that it fits); false after logging on failure.
+  void write_one(const Write& write);
+  // Drops `id` from the index and unlinks its file; mutex_ held.
+  void erase_locked(const FileId& id);
+  // A newer generation of `dataset` exists: its older generations' files go first; mutex_ held.
+  void note_generation_locked(uint64_t dataset, uint64_t generation);
+  // Drops an entry whose file did not check out: logs one line, counts it.
+  void drop_bad(const FileId& id, std::string_view dataset, const std::string& why, bool checksum);
+
+  const DiskTierOptions options_;
+  const std::filesystem::path objects_dir_;
+  int lock_fd_ = -1;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;  // the writer waits for queued writes or stop
+  std::condition_variable idle_;  // flush() waits for the queue to drain
+  std::unordered_map<FileId, Entry, FileIdHash> index_;
+  std::list<FileId> lru_;                                     // front: evicted first
+  std::unordered_map<uint64_t, uint64_t> newest_generation_;  // by dataset hash
+  std::deque<Write> queue_;
+  std::unordered_set<FileId, FileIdHash> queued_;
+  bool writing_ = false;  // the writer holds a write taken off the queue
+  bool stopping_ = false;
+  DiskTierStats stats_;
+  int last_write_errno_ = 0;  // the last write failure logged, so a full disk logs once
+  std::thread writer_;
+};
+
+}  // namespace dsfs::prefetch

@@ -1,0 +1,445 @@
+// DiskTier on real files: round trip, persistence across reopen, every kind of damage (a flipped
+// byte, a truncated, deleted or foreign file, a vanished directory, a failing write) reported as
+// "not found" and counted, never as wrong bytes; the byte bound; the write-behind queue's drops;
+// the lock against a second mount; temp files of a killed writer. Then ObjectFetcher with a tier
+// against a real redis-server: Redis is asked only for what the tier lacks or drops.
+#include "prefetch/disk_tier.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "prefetch/object_fetcher.h"
+#include "src/catalog/catalog.h"
+#include "src/catalog/keys.h"
+#include "src/store/connection.h"
+#include "tests/unit/support/files.h"
+#include "tests/unit/support/test_redis.h"
+
+namespace dsfs::prefetch {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+DiskTierKey key(uint64_t object, uint64_t generation = 1, uint32_t chunk = 0) {
+  return DiskTierKey{
+      .dataset = "imgs", .generation = generation, .object_id = object, .chunk = chunk};
+}
+
+ObjectBuffer object(size_t size, unsigned seed) {
+  return std::make_shared<const ObjectData>(test::pattern_bytes(size, seed));
+}
+
+std::string bytes_of(const ObjectBuffer& buffer) {
+  return buffer ? std::string(buffer->bytes()) : std::string("<not found>");
+}
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<DiskTier> open(uint64_t capacity = 64 * kMiB, uint64_t queue = 64 * kMiB,
+                                 bool start = true) {
+    auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+        .dir = dir_.path() / "tier", .capacity_bytes = capacity, .queue_bytes = queue});
+    if (start) tier->start();
+    return tier;
+  }
+  // Writes `count` objects of `size` bytes (seeds = object ids) and waits until they are on disk.
+  static void fill(DiskTier& tier, uint64_t first, uint64_t count, size_t size,
+                   uint64_t generation = 1) {
+    for (uint64_t i = first; i < first + count; ++i) {
+      ASSERT_TRUE(tier.put(key(i, generation), object(size, static_cast<unsigned>(i))));
+      tier.flush();
+    }
+  }
+
+  test::TempDir dir_{"dsfs-disk-tier"};
+};
+
+TEST_F(DiskTierTest, ObjectsComeBackByteForByte) {
+  auto tier = open();
+  EXPECT_EQ(tier->get(key(1), 1000), nullptr);  // nothing yet
+  ASSERT_TRUE(tier->put(key(1), object(1000, 1)));
+  ASSERT_TRUE(tier->put(key(2), object(0, 2)));           // empty objects too
+  ASSERT_TRUE(tier->put(key(1, 1, 3), object(5000, 3)));  // another chunk of the same object
+  EXPECT_FALSE(tier->put(key(1), object(1000, 1)));       // already queued
+  tier->flush();
+  EXPECT_EQ(bytes_of(tier->get(key(1), 1000)), test::pattern_bytes(1000, 1));
+  EXPECT_EQ(bytes_of(tier->get(key(2), 0)), "");
+  EXPECT_EQ(bytes_of(tier->get(key(1, 1, 3), 5000)), test::pattern_bytes(5000, 3));
+  EXPECT_FALSE(tier->put(key(1), object(1000, 1)));  // already on disk
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.writes, 3u);
+  EXPECT_EQ(stats.hits, 3u);
+  EXPECT_EQ(stats.misses, 1u);
+  EXPECT_EQ(stats.bytes_read, 6000u);
+  EXPECT_EQ(stats.entries, 3u);
+  EXPECT_EQ(stats.bytes_used, 3 * 4096u + 4096u);  // 5000 + header take two blocks
+  EXPECT_EQ(stats.checksum_failures + stats.read_errors + stats.write_errors, 0u);
+}
+
+TEST_F(DiskTierTest, AnotherGenerationOrDatasetIsAnotherObject) {
+  auto tier = open();
+  fill(*tier, 7, 1, 1000, /*generation=*/1);
+  EXPECT_EQ(tier->get(key(7, 2), 1000), nullptr);
+  EXPECT_EQ(tier->get(DiskTierKey{.dataset = "other", .generation = 1, .object_id = 7}, 1000),
+            nullptr);
+  EXPECT_NE(tier->get(key(7, 1), 1000), nullptr);
+}
+
+TEST_F(DiskTierTest, TheIndexSurvivesCloseAndReopen) {
+  {
+    auto tier = open();
+    fill(*tier, 1, 10, 3000);
+  }
+  auto tier = open();
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.entries, 10u);
+  EXPECT_EQ(stats.bytes_used, 10 * 4096u);
+  for (uint64_t i = 1; i <= 10; ++i) {
+    EXPECT_EQ(bytes_of(tier->get(key(i), 3000)), test::pattern_bytes(3000, i)) << i;
+  }
+}
+
+TEST_F(DiskTierTest, AClosedTierFinishesItsQueuedWrites) {
+  {
+    auto tier = open();
+    for (uint64_t i = 1; i <= 20; ++i) ASSERT_TRUE(tier->put(key(i), object(2000, i)));
+  }
+  auto tier = open();
+  EXPECT_EQ(tier->stats().entries, 20u);
+}
+
+TEST_F(DiskTierTest, AFlippedByteIsNotFoundAndCounted) {
+  auto tier = open();
+  fill(*tier, 1, 2, 3000);
+  const std::filesystem::path path = tier->path_of(key(1));
+  std::string content = test::read_file(path);
+  content[content.size() - 100] ^= 0x01;  // in the payload
+  test::write_file(path, content);
+  EXPECT_EQ(tier->get(key(1), 3000), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  EXPECT_FALSE(std::filesystem::exists(path));  // dropped
+  EXPECT_EQ(tier->get(key(1), 3000), nullptr);  // now simply missing, counted once
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  EXPECT_EQ(bytes_of(tier->get(key(2), 3000)), test::pattern_bytes(3000, 2));  // others stay
+  // Written again, it is served again.
+  fill(*tier, 1, 1, 3000);
+  EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
+}
+
+TEST_F(DiskTierTest, AFlippedHeaderByteIsNotFoundAndCounted) {
+  auto tier = open();
+  fill(*tier, 1, 1, 3000);
+  const std::filesystem::path path = tier->path_of(key(1));
+  std::string content = test::read_file(path);
+  content[40] ^= 0x01;  // the object id field
+  test::write_file(path, content);
+  EXPECT_EQ(tier->get(key(1), 3000), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+}
+
+TEST_F(DiskTierTest, ATruncatedFileIsNotFoundAndCounted) {
+  auto tier = open();
+  fill(*tier, 1, 1, 3000);
+  std::filesystem::resize_file(tier->path_of(key(1)), 2000);
+  EXPECT_EQ(tier->get(key(1), 3000), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  EXPECT_EQ(tier->stats().entries, 0u);
+  EXPECT_EQ(tier->stats().bytes_used, 0u);
+}
+
+TEST_F(DiskTierTest, AnotherObjectsFileUnderThisNameIsNotServed) {
+  auto tier = open();
+  fill(*tier, 1, 2, 3000);
+  std::filesystem::copy_file(tier->path_of(key(2)), tier->path_of(key(1)),
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_EQ(tier->get(key(1), 3000), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+}
+
+TEST_F(DiskTierTest, AnObjectOfAnotherLengthIsNotServed) {
+  auto tier = open();
+  fill(*tier, 1, 1, 3000);
+  EXPECT_EQ(tier->get(key(1), 2999), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+}
+
+TEST_F(DiskTierTest, ADeletedFileOrDirectoryIsNotFoundAndCounted) {
+  auto tier = open();
+  fill(*tier, 1, 3, 3000);
+  std::filesystem::remove(tier->path_of(key(1)));
+  EXPECT_EQ(tier->get(key(1), 3000), nullptr);
+  EXPECT_EQ(tier->stats().read_errors, 1u);
+  std::filesystem::remove_all(dir_.path() / "tier" / "objects");
+  EXPECT_EQ(tier->get(key(2), 3000), nullptr);
+  EXPECT_EQ(tier->get(key(3), 3000), nullptr);
+  EXPECT_EQ(tier->stats().read_errors, 3u);
+  EXPECT_EQ(tier->stats().entries, 0u);
+  // Writes go on (the subdirectory is made again).
+  fill(*tier, 4, 1, 3000);
+  EXPECT_EQ(bytes_of(tier->get(key(4), 3000)), test::pattern_bytes(3000, 4));
+}
+
+TEST_F(DiskTierTest, AFailedWriteLeavesNothingAndIsCounted) {
+  auto tier = open();
+  // The writer's files may not grow past 8 KiB: a write of a larger object fails (EFBIG), as
+  // ENOSPC or EIO would.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction previous {};
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &previous), 0);
+  rlimit old_limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit small = old_limit;
+  small.rlim_cur = 8192;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  ASSERT_TRUE(tier->put(key(1), object(100000, 1)));
+  tier->flush();
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  ASSERT_EQ(sigaction(SIGXFSZ, &previous, nullptr), 0);
+  EXPECT_EQ(tier->stats().write_errors, 1u);
+  EXPECT_EQ(tier->stats().bytes_used, 0u);
+  EXPECT_EQ(tier->get(key(1), 100000), nullptr);
+  EXPECT_TRUE(test::list_dir(tier->path_of(key(1)).parent_path()).empty());  // no temp left
+  // Later writes succeed.
+  fill(*tier, 1, 1, 100000);
+  EXPECT_EQ(bytes_of(tier->get(key(1), 100000)), test::pattern_bytes(100000, 1));
+}
+
+uint64_t files_bytes(const std::filesystem::path& dir) {
+  uint64_t total = 0;
+  for (const auto& file : std::filesystem::recursive_directory_iterator(dir)) {
+    if (file.is_regular_file() && file.path().filename() != "lock") {
+      total += (file.file_size() + 4095) / 4096 * 4096;
+    }
+  }
+  return total;
+}
+
+TEST_F(DiskTierTest, BytesOnDiskStayWithinTheBound) {
+  constexpr uint64_t kCapacity = 16 * 4096;
+  auto tier = open(kCapacity);
+  fill(*tier, 1, 40, 4000);  // one block each
+  const DiskTierStats stats = tier->stats();
+  EXPECT_LE(stats.bytes_used, kCapacity);
+  EXPECT_EQ(stats.entries, 16u);
+  EXPECT_EQ(stats.evictions, 24u);
+  EXPECT_LE(files_bytes(dir_.path() / "tier"), kCapacity);
+  // The most recent are kept.
+  for (uint64_t i = 25; i <= 40; ++i) EXPECT_NE(tier->get(key(i), 4000), nullptr) << i;
+  EXPECT_EQ(tier->get(key(1), 4000), nullptr);
+  // Larger than the whole tier: not written.
+  EXPECT_FALSE(tier->put(key(100), object(kCapacity, 100)));
+  EXPECT_EQ(tier->stats().too_large, 1u);
+}
+
+TEST_F(DiskTierTest, ReadObjectsStayLongerThanUnreadOnes) {
+  auto tier = open(4 * 4096);
+  fill(*tier, 1, 4, 4000);
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);  // 1 is now the most recently used
+  fill(*tier, 5, 1, 4000);
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);
+  EXPECT_EQ(tier->get(key(2), 4000), nullptr);
+}
+
+TEST_F(DiskTierTest, OlderGenerationsGoFirst) {
+  auto tier = open(4 * 4096);
+  fill(*tier, 1, 2, 4000, /*generation=*/1);
+  fill(*tier, 1, 2, 4000, /*generation=*/2);
+  // Generation 1 read last, yet it goes first once generation 2 needs room.
+  EXPECT_NE(tier->get(key(1, 1), 4000), nullptr);
+  EXPECT_NE(tier->get(key(2, 1), 4000), nullptr);
+  fill(*tier, 3, 2, 4000, /*generation=*/2);
+  for (uint64_t i = 1; i <= 3; ++i) EXPECT_NE(tier->get(key(i, 2), 4000), nullptr) << i;
+  EXPECT_EQ(tier->get(key(1, 1), 4000), nullptr);
+  EXPECT_EQ(tier->get(key(2, 1), 4000), nullptr);
+}
+
+TEST_F(DiskTierTest, AReopenWithASmallerSizeEvictsDownToIt) {
+  {
+    auto tier = open();
+    fill(*tier, 1, 10, 4000);
+  }
+  auto tier = open(4 * 4096);
+  EXPECT_EQ(tier->stats().entries, 4u);
+  EXPECT_LE(files_bytes(dir_.path() / "tier"), 4 * 4096u);
+}
+
+TEST_F(DiskTierTest, AFullQueueDropsWritesAndCountsThem) {
+  // Not started: nothing leaves the queue.
+  auto tier = open(64 * kMiB, /*queue=*/10000, /*start=*/false);
+  EXPECT_TRUE(tier->put(key(1), object(4000, 1)));
+  EXPECT_TRUE(tier->put(key(2), object(4000, 2)));
+  EXPECT_FALSE(tier->put(key(3), object(4000, 3)));
+  EXPECT_FALSE(tier->put(key(4), object(4000, 4)));
+  EXPECT_EQ(tier->stats().writes_dropped, 2u);
+  EXPECT_EQ(tier->stats().queued_bytes, 8000u);
+  tier->start();
+  tier->flush();
+  EXPECT_EQ(tier->stats().writes, 2u);
+  EXPECT_EQ(tier->stats().queued_bytes, 0u);
+  EXPECT_TRUE(tier->put(key(3), object(4000, 3)));  // room again
+}
+
+TEST_F(DiskTierTest, ASecondOpenOfTheSameDirectoryIsRefused) {
+  auto first = open();
+  try {
+    open();
+    FAIL() << "a second tier opened the same directory";
+  } catch (const DiskTierLocked& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by another dsfs mount"), std::string::npos)
+        << e.what();
+  }
+  first.reset();
+  EXPECT_NO_THROW(open());
+}
+
+TEST_F(DiskTierTest, TempFilesOfAKilledWriterAreRemovedNotServed) {
+  std::filesystem::path temp;
+  {
+    auto tier = open();
+    fill(*tier, 1, 1, 3000);
+    temp = tier->path_of(key(2)).string() + ".tmp";
+    // What a writer killed before its rename leaves: here even a whole, valid file.
+    std::filesystem::create_directories(temp.parent_path());
+    std::filesystem::copy_file(tier->path_of(key(1)), temp);
+  }
+  auto tier = open();
+  EXPECT_FALSE(std::filesystem::exists(temp));
+  EXPECT_EQ(tier->stats().stale_temp_files, 1u);
+  EXPECT_EQ(tier->stats().entries, 1u);
+  EXPECT_EQ(tier->get(key(2), 3000), nullptr);
+  EXPECT_NE(tier->get(key(1), 3000), nullptr);
+}
+
+TEST_F(DiskTierTest, ForeignFilesAreLeftAlone) {
+  std::filesystem::create_directories(dir_.path() / "tier" / "objects" / "00");
+  test::write_file(dir_.path() / "tier" / "objects" / "00" / "notes.txt", "mine");
+  auto tier = open();
+  EXPECT_EQ(tier->stats().entries, 0u);
+  EXPECT_TRUE(std::filesystem::exists(dir_.path() / "tier" / "objects" / "00" / "notes.txt"));
+}
+
+TEST_F(DiskTierTest, ConcurrentReadsWritesAndEvictionsNeverGiveWrongBytes) {
+  // Room for a quarter of the objects: readers race the writer's evictions and each other's
+  // drops, and must only ever see the right bytes or nothing.
+  constexpr uint64_t kObjects = 64;
+  auto tier = open(16 * 4096);
+  std::vector<std::thread> threads;
+  std::atomic<uint64_t> served{0};
+  std::atomic<uint64_t> wrong{0};
+  for (unsigned t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (unsigned round = 0; round < 400; ++round) {
+        const uint64_t i = 1 + (round * 7 + t * 13) % kObjects;
+        if (const ObjectBuffer got = tier->get(key(i), 3000)) {
+          served.fetch_add(1);
+          if (got->bytes() != test::pattern_bytes(3000, static_cast<unsigned>(i))) {
+            wrong.fetch_add(1);
+          }
+        } else {
+          tier->put(key(i), object(3000, static_cast<unsigned>(i)));
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  tier->flush();
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_GT(served.load(), 0u);
+  const DiskTierStats stats = tier->stats();
+  EXPECT_LE(stats.bytes_used, 16 * 4096u);
+  EXPECT_EQ(stats.checksum_failures, 0u);
+  EXPECT_LE(files_bytes(dir_.path() / "tier"), 16 * 4096u);
+}
+
+// ObjectFetcher with a tier: what the tier holds is not asked of Redis; what the tier drops is.
+class FetcherWithDiskTier : public ::testing::Test {
+ protected:
+  static constexpr const char* kName = "dt";
+  void SetUp() override {
+    catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 4096);
+    builder.add_file("a.bin", 3000, 0, 0644, 1, catalog::kNoLabel, 0, "");
+    builder.add_file("big.bin", 10000, 0, 0644, 2, catalog::kNoLabel, 0, "");  // 3 chunks
+    dataset_.info.name = kName;
+    dataset_.info.generation = 1;
+    dataset_.info.chunk_size = 4096;
+    dataset_.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
+    conn_.command({"SET", keys_.object(kName, 1, 1), test::pattern_bytes(3000, 1)})
+        .expect_ok("SET");
+    const std::string big = test::pattern_bytes(10000, 2);
+    for (uint32_t chunk = 0; chunk < 3; ++chunk) {
+      conn_
+          .command(
+              {"SET", keys_.object_piece(kName, 1, 2, chunk, true), big.substr(chunk * 4096, 4096)})
+          .expect_ok("SET");
+    }
+    tier_.start();
+  }
+  std::string fetch(const char* name, std::vector<uint32_t> chunks) {
+    const uint32_t entry = *dataset_.catalog->lookup(catalog::kRootIndex, name);
+    std::string out;
+    for (const ObjectBuffer& b : fetcher_.fetch_chunks(dataset_, entry, chunks)) {
+      out += b->bytes();
+    }
+    return out;
+  }
+
+  test::TestRedisServer redis_;
+  store::Connection conn_{redis_.endpoint()};
+  store::Client client_{{redis_.endpoint()}, store::ClientOptions{.connections_per_node = 2}};
+  test::TempDir dir_{"dsfs-disk-tier"};
+  DiskTier tier_{DiskTierOptions{.dir = dir_.path() / "tier", .capacity_bytes = 64 * kMiB}};
+  const catalog::KeySchema keys_{"dsfs"};
+  ObjectFetcher fetcher_{client_, keys_, FetcherOptions{.disk_tier = &tier_}};
+  DatasetSnapshot dataset_;
+};
+
+TEST_F(FetcherWithDiskTier, RedisIsAskedOnlyForWhatTheTierLacks) {
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
+  EXPECT_EQ(fetch("big.bin", {1}), test::pattern_bytes(10000, 2).substr(4096, 4096));
+  EXPECT_EQ(fetcher_.stats().gets.load(), 2u);
+  tier_.flush();
+  EXPECT_EQ(tier_.stats().writes, 2u);
+  // From disk now: no GET.
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
+  EXPECT_EQ(fetcher_.stats().gets.load(), 2u);
+  // A mix: chunk 1 from disk, 0 and 2 from Redis, in the order asked.
+  EXPECT_EQ(fetch("big.bin", {0, 1, 2}), test::pattern_bytes(10000, 2));
+  EXPECT_EQ(fetcher_.stats().gets.load(), 4u);
+  EXPECT_EQ(tier_.stats().hits, 2u);
+}
+
+TEST_F(FetcherWithDiskTier, ADamagedFileIsReadFromRedis) {
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
+  tier_.flush();
+  const std::filesystem::path path =
+      tier_.path_of(DiskTierKey{.dataset = kName, .generation = 1, .object_id = 1});
+  std::string content = test::read_file(path);
+  content.back() ^= 0x80;
+  test::write_file(path, content);
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
+  EXPECT_EQ(fetcher_.stats().gets.load(), 2u);
+  EXPECT_EQ(tier_.stats().checksum_failures, 1u);
+  tier_.flush();  // and written again, whole
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
+  EXPECT_EQ(fetcher_.stats().gets.load(), 2u);
+}
+
+TEST_F(FetcherWithDiskTier, ANewGenerationNeverGetsTheOldBytes) {
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
+  tier_.flush();
+  conn_.command({"SET", keys_.object(kName, 2, 1), test::pattern_bytes(3000, 9)}).expect_ok("SET");
+  dataset_.info.generation = 2;
+  EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 9));
+}
+
+}  // namespace
+}  // namespace dsfs::prefetch
