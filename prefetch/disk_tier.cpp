@@ -279,7 +279,7 @@ void DiskTier::rebuild_index() {
                    : "");
 }
 
-void DiskTier::erase_locked(const FileId& id) {
+void DiskTier::erase_locked(FileId id) {
   const auto it = index_.find(id);
   if (it == index_.end()) return;
   stats_.bytes_used -= it->second.bytes;

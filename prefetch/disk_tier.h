@@ -141,7 +141,8 @@ class DiskTier {
   // Writes one object (evicting first so that it fits); false after logging on failure.
   void write_one(const Write& write);
   // Drops `id` from the index and unlinks its file; mutex_ held.
-  void erase_locked(const FileId& id);
+  // By value: callers pass lru_.front(), which the erase frees.
+  void erase_locked(FileId id);
   // A newer generation of `dataset` exists: its older generations' files go first; mutex_ held.
   void note_generation_locked(uint64_t dataset, uint64_t generation);
   // Drops an entry whose file did not check out: logs one line, counts it.
