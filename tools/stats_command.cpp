@@ -177,6 +177,28 @@ std::string cache_row(const Json& stats) {
                                   fill, count_text(number(stats, {"cache", "entries"}))));
 }
 
+// The disk tier (--disk-cache), or "" without one: fill, hits, bytes read, writes and what went
+// wrong there (each a read that went to Redis instead, never an error).
+std::string disk_tier_row(const Json& stats) {
+  const Json* tier = find(stats, {"disk_tier"});
+  if (!tier || !tier->is_object()) return "";
+  const std::optional<double> used = number(*tier, {"bytes_used"});
+  const std::optional<double> capacity = number(*tier, {"capacity_bytes"});
+  std::string fill;
+  if (used && capacity && *capacity > 0) fill = fmt::format(" ({:.1f}%)", *used / *capacity * 100);
+  return row(
+      "disk tier",
+      fmt::format("{} of {}{}  {} objects  hits {}  misses {}  read {}  written {}  "
+                  "dropped {}  bad files {}  write errors {}",
+                  bytes_text(used), bytes_text(capacity), fill,
+                  count_text(number(*tier, {"entries"})), count_text(number(*tier, {"hits"})),
+                  count_text(number(*tier, {"misses"})), bytes_text(number(*tier, {"bytes_read"})),
+                  count_text(number(*tier, {"writes"})),
+                  count_text(number(*tier, {"writes_dropped"})),
+                  count_text(number(*tier, {"checksum_failures"})),
+                  count_text(number(*tier, {"write_errors"}))));
+}
+
 // The datasets shown and what the watcher changed: "3 listed  added 1  removed 0  refreshed 2
 // pending ds (generation 5)".
 std::string datasets_row(const Json& stats) {
@@ -249,6 +271,7 @@ std::string format_stats_summary(const Json& stats, const std::string& mount) {
                                     text(stats, {"redis"}));
   summary += prefetch_rows(stats);
   summary += cache_row(stats);
+  summary += disk_tier_row(stats);
   summary += datasets_row(stats);
   return summary;
 }
