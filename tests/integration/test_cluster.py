@@ -264,15 +264,16 @@ class ClusterTest(ClusterCase):
             if (len(data), sha256(data)) != expected[rel]:
                 wrong.append(rel)
 
-        with ThreadPoolExecutor(4) as pool:
+        # Two readers: the engine's lead, not the readers' speed, is under test (ASan runs too).
+        with ThreadPoolExecutor(2) as pool:
             list(pool.map(read, order))
         self.assertEqual(wrong, [])
         after = self.stats(mnt)["prefetch"]
         reads = {k: after["reads"][k] - before[k] for k in ("ready", "joined", "miss")}
         hit = (reads["ready"] + reads["joined"]) / sum(reads.values())
-        # At 0 ms on two loaded cores four readers can overtake the engine now and then (0.89
-        # measured with a compiler running beside); an engine that did not fetch ahead on a
-        # cluster would find (almost) nothing ready.
+        # At 0 ms on two loaded cores readers can overtake the engine now and then (0.89
+        # measured with four readers and a compiler running beside); an engine that did not
+        # fetch ahead on a cluster would find (almost) nothing ready.
         self.assertGreaterEqual(hit, 0.5, f"planned epoch on a cluster: {reads}")
         # The engine takes accesses from a queue: it reaches the plan's end a moment later.
         wait_for(lambda: self.stats(mnt)["prefetch"]["plan"]["position"] == len(planned), 30,
