@@ -1,0 +1,336 @@
+#!/usr/bin/python3
+"""The local-disk tier (issue 13): shuffled epochs through a mount whose memory cache holds 25% of
+the dataset, without and with `dsfs mount --disk-cache DIR --disk-cache-size SIZE` (a tier
+sized to hold the whole dataset), at 0 and 100 ms from Redis.
+
+    bench/disk_tier.py [--build build] [--runs 1] [--files 2000] [--rtts 0,100] [--epochs 3]
+                       [--epoch-seconds 40] [--readers c,python] [--disk-dir /tmp] [--quick]
+
+Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a private
+redis-server (unix socket, no persistence) and frees the tmpfs copy. 0 ms = the server's socket;
+other RTTs = `dsfs proxy --rtt` in front of it. For every RTT, mode (`none`: no tier; `disk`:
+`--disk-cache` on a fresh directory under --disk-dir, sized to the dataset + 1% + 4 KiB per file
++ 16 MiB) and reader, a fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan)
+reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's files included):
+
+- c: one `dsfs bench MOUNT/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches --seed S+E
+  --duration EPOCH_SECONDS` per epoch;
+- python: 8 threads, `open(p, "rb").read()` per file (bench/cluster.py's reader).
+
+An epoch longer than --epoch-seconds is cut there (its files/s is still a rate). Per epoch:
+files/s, and from stats.json (before/after) Redis GETs (`redis_ops.gets`), bytes from Redis,
+`disk_tier` hits/misses/bytes_read/writes/writes_dropped/checksum_failures, and
+`prefetch.disk_reads`. Redis GETs are also counted at the server (INFO commandstats cmdstat_get; per epoch for the C
+reader, per mount for the Python reader): stats.json's `redis_ops.gets` counts the readers'
+misses only, `prefetch.gets` the engine's. Writes bench/results/disk_tier.json and disk_tier.png. Needs root
+(mounts, drop_caches). Everything it starts is removed on exit, also on Ctrl-C and errors.
+"""
+import argparse
+import json
+import re
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (REPO, Proxy, RedisServer, fs_type, load_average,  # noqa: E402
+                    log, machine_info, median, mount_daemon_pid, private_env, process_usage, run,
+                    synth_dataset, tree_info)
+from cluster import PY_READER  # noqa: E402
+from prefetch import build_source  # noqa: E402
+
+JOBS = 8
+CACHE_FRACTION = 0.25
+MODES = ("none", "disk")
+MODE_LABELS = {"none": "RAM cache only", "disk": "RAM cache + disk tier"}
+
+
+def counters(s):
+    """The stats.json figures this benchmark follows."""
+    d = s.get("disk_tier") or {}
+    return {"gets": s["redis_ops"]["gets"], "redis_bytes": s["redis_ops"].get("bytes", 0),
+            "prefetch_gets": s["prefetch"].get("gets", 0),
+            "prefetched_bytes": s["prefetch"]["bytes"]["prefetched"],
+            "disk_reads": s["prefetch"].get("disk_reads", 0),
+            **{f"tier_{k}": d.get(k, 0) for k in ("hits", "misses", "bytes_read", "writes",
+                                                   "bytes_written", "writes_dropped",
+                                                   "checksum_failures", "read_errors",
+                                                   "write_errors", "evictions")},
+            "tier_bytes_used": d.get("bytes_used", 0), "tier_entries": d.get("entries", 0)}
+
+
+def delta(before, after):
+    out = {k: after[k] - before[k] for k in before}
+    out["tier_bytes_used"] = after["tier_bytes_used"]
+    out["tier_entries"] = after["tier_entries"]
+    return out
+
+
+def server_gets(sock):
+    """GETs the redis-server has served: INFO commandstats cmdstat_get calls."""
+    out = run(["redis-cli", "-s", sock, "INFO", "commandstats"], timeout=60).stdout
+    m = re.search(r"^cmdstat_get:calls=(\d+)", out, re.M)
+    return int(m.group(1)) if m else 0
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.dsfs = os.path.abspath(os.path.join(args.build, "dsfs"))
+        if not os.access(self.dsfs, os.X_OK):
+            sys.exit(f"bench: {self.dsfs} is missing; build first (scripts/build {args.build})")
+        self.workdir = tempfile.mkdtemp(prefix="dsfs-disktier-")
+        self.env = private_env(self.workdir)
+        self.mnt = os.path.join(self.workdir, "mnt")
+        os.makedirs(self.mnt)
+        self.redis = self.proxy = self.created_data = self.tier_dir = None
+        self.results = {"machine": machine_info(), "config": vars(args).copy(),
+                        "source": build_source(args.build),
+                        "load_average": {"start": load_average()}, "cases": [],
+                        "disk_dir": {"path": args.disk_dir, "filesystem": fs_type(args.disk_dir),
+                                     "device": run(["df", "--output=source", args.disk_dir],
+                                                   check=False).stdout.split()[-1]}}
+
+    def start(self):
+        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
+        if created and not self.args.keep_data:
+            self.created_data = os.path.dirname(data)
+        self.dataset = tree_info(data)
+        self.results["dataset"] = self.dataset
+        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
+                            for d, _, names in os.walk(data) for n in names)
+        self.redis = RedisServer(self.workdir)
+        log(f"ingesting {data} into {self.redis.url}")
+        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", self.redis.url,
+             "--progress", "none"], env=self.env)
+        if self.created_data:
+            shutil.rmtree(self.created_data, ignore_errors=True)
+
+    def close(self):
+        self.umount()
+        if self.proxy:
+            self.proxy.close()
+        if self.redis:
+            self.redis.close()
+        if self.tier_dir:
+            shutil.rmtree(self.tier_dir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.created_data:
+            shutil.rmtree(self.created_data, ignore_errors=True)
+            try:
+                os.rmdir(self.args.data_dir)
+            except OSError:
+                pass
+
+    def umount(self):
+        if os.path.ismount(self.mnt):
+            res = run([self.dsfs, "umount", self.mnt], env=self.env, check=False)
+            if os.path.ismount(self.mnt):
+                log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
+                run(["umount", "-l", self.mnt], check=False)
+
+    def stats(self):
+        with open(os.path.join(self.mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
+            return json.loads(f.read())
+
+    def case(self, rtt, url, mode, reader, seed):
+        a = self.args
+        cache = max(1 << 20, int(self.dataset["bytes"] * CACHE_FRACTION))
+        args = [self.dsfs, "mount", self.mnt, "--redis", url, "--dataset", "bench",
+                "--prefetch", "auto", "--cache-size", cache, "--timeout", "120s"]
+        tier_size = None
+        if mode == "disk":
+            self.tier_dir = tempfile.mkdtemp(prefix="dsfs-tier-", dir=a.disk_dir)
+            tier_size = int(self.dataset["bytes"] * 1.01) + 4096 * self.dataset["files"] + (16 << 20)
+            args += ["--disk-cache", self.tier_dir, "--disk-cache-size", tier_size]
+        run(args, env=self.env)
+        epochs = []
+        try:
+            root = os.path.join(self.mnt, "bench")
+            pid = mount_daemon_pid(self.mnt)
+            cpu0 = process_usage(pid)["cpu_s"]
+            at_mount = counters(self.stats())
+            case_gets0 = server_gets(self.redis.sock)
+            if reader == "c":
+                for e in range(a.epochs):
+                    before = counters(self.stats())
+                    sg0 = server_gets(self.redis.sock)
+                    out = os.path.join(self.workdir, "bench.json")
+                    run([self.dsfs, "bench", root, "--pattern", "epochs", "--epochs", 1,
+                         "--jobs", JOBS, "--seed", seed + e, "--drop-caches", "--json", out,
+                         "--duration", f"{a.epoch_seconds}s"], timeout=a.epoch_seconds + 300)
+                    with open(out) as f:
+                        doc = json.load(f)
+                    if doc["errors"]["count"]:
+                        raise RuntimeError(f"dsfs bench: {doc['errors']['count']} read errors")
+                    ep = doc["epochs"][0]
+                    epochs.append({"files": ep["files"], "seconds": ep["seconds"],
+                                   "files_per_s": ep["files_per_s"],
+                                   "complete": ep.get("complete", ep["files"] == len(self.paths)),
+                                   "server_gets": server_gets(self.redis.sock) - sg0,
+                                   **delta(before, counters(self.stats()))})
+            else:
+                res = subprocess.run(
+                    ["/usr/bin/python3", "-c", PY_READER, root, str(seed), str(JOBS),
+                     str(a.epochs), str(a.epoch_seconds),
+                     os.path.join(self.mnt, ".dsfs", "stats.json")],
+                    input="\n".join(self.paths), text=True, capture_output=True,
+                    timeout=a.epochs * (a.epoch_seconds + 120))
+                if res.returncode != 0:
+                    raise RuntimeError(f"python reader failed: {res.stderr.strip()}")
+                for e in json.loads(res.stdout):
+                    epochs.append({"files": e["files"], "seconds": e["seconds"],
+                                   "files_per_s": e["files"] / e["seconds"],
+                                   "complete": e["complete"],
+                                   **delta(counters(e["stats_before"]),
+                                           counters(e["stats_after"]))})
+            usage = process_usage(pid)
+            at_end = counters(self.stats())
+            case_server_gets = server_gets(self.redis.sock) - case_gets0
+        finally:
+            self.umount()
+            if self.tier_dir:
+                du = run(["du", "-sb", self.tier_dir], check=False).stdout.split()
+                tier_du = int(du[0]) if du else None
+                shutil.rmtree(self.tier_dir, ignore_errors=True)
+                self.tier_dir = None
+            else:
+                tier_du = None
+        files = sum(e["files"] for e in epochs)
+        return {"rtt_ms": rtt, "mode": mode, "reader": reader, "cache_bytes": cache,
+                "disk_cache_bytes": tier_size, "tier_dir_bytes_after": tier_du,
+                "epochs": epochs, "counters_at_mount": at_mount, "counters_at_end": at_end,
+                "server_gets_all_epochs": case_server_gets,
+                "daemon_cpu_us_per_file": 1e6 * (usage["cpu_s"] - cpu0) / max(files, 1),
+                "daemon_hwm_bytes": usage.get("hwm_bytes")}
+
+    def sweep(self):
+        a = self.args
+        for run_no in range(a.runs):
+            for rtt in a.rtts:
+                self.sweep_rtt(run_no, rtt)
+
+    def sweep_rtt(self, run_no, rtt):
+        a = self.args
+        if rtt > 0:
+            self.proxy = Proxy(self.dsfs, self.workdir, self.redis.sock, rtt)
+            url = self.proxy.url
+        else:
+            url = self.redis.url
+        for mode in a.modes:
+            for reader in a.readers:
+                c = self.case(rtt, url, mode, reader, 1000)
+                c["run"] = run_no
+                self.results["cases"].append(c)
+                log(f"run {run_no + 1}, rtt {rtt} ms, {mode}, {reader}: epochs " + ", ".join(
+                    f"{e['files_per_s']:.0f}{'' if e['complete'] else ' (cut)'} files/s "
+                    f"[gets {e['gets']}+{e['prefetch_gets']} (server {e.get('server_gets')}), "
+                    f"tier hits {e['tier_hits']}, disk_reads {e['disk_reads']}]"
+                    for e in c["epochs"]))
+                self.save()
+        if self.proxy:
+            self.proxy.close()
+            self.proxy = None
+
+    def save(self):
+        os.makedirs(self.args.results_dir, exist_ok=True)
+        with open(os.path.join(self.args.results_dir, f"{self.args.name}.json"), "w") as f:
+            json.dump(self.results, f, indent=1)
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cfg = results["config"]
+    readers = cfg["readers"]
+    fig, axes = plt.subplots(1, len(readers), figsize=(5.5 * len(readers), 3.8), sharey=True,
+                             squeeze=False)
+    groups = [(rtt, mode) for rtt in cfg["rtts"] for mode in cfg["modes"]]
+    n = cfg["epochs"]
+    width = 0.8 / n
+    for ax, reader in zip(axes[0], readers):
+        for e in range(n):
+            ys, labels = [], []
+            for rtt, mode in groups:
+                cs = [c for c in results["cases"] if c["rtt_ms"] == rtt and c["mode"] == mode
+                      and c["reader"] == reader and len(c["epochs"]) > e]
+                y = median([c["epochs"][e]["files_per_s"] for c in cs]) if cs else 0
+                ys.append(y)
+                cut = any(not c["epochs"][e]["complete"] for c in cs)
+                labels.append(f"{y:.0f}" + ("*" if cut else ""))
+            bars = ax.bar([g + (e - (n - 1) / 2) * width for g in range(len(groups))], ys,
+                          width, label=f"epoch {e + 1}")
+            ax.bar_label(bars, labels, fontsize=6)
+        ax.set_xticks(range(len(groups)),
+                      [f"{rtt} ms\n{MODE_LABELS[mode]}" for rtt, mode in groups], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=50)
+        ax.set_title(f"{reader} reader, cache 25%, prefetch auto, median of "
+                     f"{cfg.get('runs', 1)} run(s) (* = epoch cut)", fontsize=9)
+    axes[0][0].set_ylabel("files/s")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 200 files, RTT 0 only, 2 epochs cut after 10 s")
+    p.add_argument("--build", default="build", help="build directory (build)")
+    p.add_argument("--files", type=int, default=None, help="dataset size (2,000; --quick 200)")
+    p.add_argument("--rtts", default=None, help="RTTs in ms (0,100; --quick 0)")
+    p.add_argument("--runs", type=int, default=1, help="runs of every case (1); the plot shows "
+                   "medians")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: redraw the plot from NAME.json")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per mount (3; --quick 2)")
+    p.add_argument("--epoch-seconds", type=int, default=None,
+                   help="cut an epoch after this long (40; --quick 10)")
+    p.add_argument("--modes", default=",".join(MODES), help="none,disk")
+    p.add_argument("--readers", default="c,python", help="c,python")
+    p.add_argument("--disk-dir", default="/tmp",
+                   help="where the tier's directory is made (/tmp; should be a real disk)")
+    p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
+    p.add_argument("--keep-data", action="store_true")
+    p.add_argument("--name", default="disk_tier")
+    p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+    args = p.parse_args()
+    if args.report_only:
+        with open(os.path.join(args.results_dir, f"{args.name}.json")) as f:
+            plot(json.load(f), os.path.join(args.results_dir, f"{args.name}.png"))
+        return
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    q = args.quick
+    args.files = args.files or (200 if q else 2000)
+    args.rtts = [int(x) for x in (args.rtts or ("0" if q else "0,100")).split(",")]
+    args.epochs = args.epochs or (2 if q else 3)
+    args.epoch_seconds = args.epoch_seconds or (10 if q else 40)
+    args.modes = args.modes.split(",")
+    args.readers = args.readers.split(",")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    bench = Bench(args)
+    t0 = time.time()
+    try:
+        bench.start()
+        bench.sweep()
+    finally:
+        bench.close()
+    bench.results["load_average"]["end"] = load_average()
+    bench.results["wall_s"] = round(time.time() - t0, 1)
+    bench.save()
+    png = os.path.join(args.results_dir, f"{args.name}.png")
+    plot(bench.results, png)
+    log(f"results: {args.results_dir}/{args.name}.json, {png} ({bench.results['wall_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
