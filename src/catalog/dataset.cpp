@@ -213,16 +213,14 @@ std::string lease_member(uint64_t gen, std::string_view reader_id) {
 
 // One try of publish's flip on the primary of the dataset's slot: WATCH info and gens, check the
 // generation, then MULTI/HSET/EXEC. True once committed. False when it must be tried again:
-// with `unsettled_reply` set when a step got a reply that `unsettled` says means the slot is
-// moving (nothing was committed), empty when the WATCH aborted EXEC (a concurrent change).
+// with `unsettled_reply` set when a step got a reply that store::must_retry_reply says means the
+// slot is moving (nothing was committed), empty when the WATCH aborted EXEC (a concurrent change).
 // Throws for anything else (a newer generation published, the generation no longer recorded,
 // any other error reply).
-template <typename Unsettled>
 bool flip_generation(store::Client& client, const std::string& name, const std::string& info_key,
-                     const std::string& gens_key, DatasetInfo& info, const Unsettled& unsettled,
-                     std::string& unsettled_reply) {
+                     const std::string& gens_key, DatasetInfo& info, std::string& unsettled_reply) {
   const auto settled = [&](const store::Reply& reply) {
-    if (!unsettled(reply)) return true;
+    if (!reply.is_error() || !store::must_retry_reply(reply.str())) return true;
     unsettled_reply = reply.str();
     return false;
   };
@@ -561,17 +559,13 @@ void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
   const std::string info_key = keys.info(name);
   const std::string gens_key = keys.generations(name);
   store::Backoff moved_backoff(client.options().retry_budget);
-  // A reply saying the slot is on the move (MOVED/ASK during a reshard or failover, TRYAGAIN
-  // while its keys are split between two nodes, CLUSTERDOWN): whichever step of the flip gets
-  // it, EXEC cannot have committed (a redirected command inside MULTI makes EXEC abort), so the
-  // whole flip runs again where the slot lives now. It is idempotent: the same fields again.
-  const auto unsettled = [](const store::Reply& reply) {
-    return reply.is_error() &&
-           (store::parse_redirect(reply.str()) || store::is_transient_reply(reply.str()));
-  };
+  // A step of the flip that meets the slot on the move (MOVED/ASK during a reshard or failover,
+  // TRYAGAIN while its keys are split between two nodes, CLUSTERDOWN) cannot have committed (a
+  // redirected command inside MULTI makes EXEC abort), so the whole flip runs again where the
+  // slot lives now. It is idempotent: the same fields again.
   for (int attempt = 0;; ++attempt) {
     std::string unsettled_reply;
-    if (flip_generation(client, name, info_key, gens_key, info, unsettled, unsettled_reply)) break;
+    if (flip_generation(client, name, info_key, gens_key, info, unsettled_reply)) break;
     if (!unsettled_reply.empty()) {
       if (!moved_backoff.wait()) {
         throw store::ConnectionError(

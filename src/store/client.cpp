@@ -557,7 +557,7 @@ void Client::pipeline_views(std::span<const std::vector<std::string_view>> comma
         }
         Reply reply = lease->read_reply();
         const size_t index = indices[delivered++];
-        if (reply.is_error() && (parse_redirect(reply.str()) || is_transient_reply(reply.str()))) {
+        if (reply.is_error() && must_retry_reply(reply.str())) {
           again.push_back(index);
         } else {
           on_reply(index, reply);
@@ -796,7 +796,7 @@ Reply RoutedPipeline::read_reply() {
   }
   const Sent sent = std::move(order_.front());
   order_.pop_front();
-  if (reply.is_error() && (parse_redirect(reply.str()) || is_transient_reply(reply.str()))) {
+  if (reply.is_error() && must_retry_reply(reply.str())) {
     reply = client_.command(std::span<const std::string_view>(sent.argv));
   }
   return reply;
@@ -917,8 +917,7 @@ GetRouter::Received GetRouter::receive() {
     auto [tag, key] = std::move(ready->sent.front());
     ready->sent.pop_front();
     --outstanding_;
-    const bool settle = (reply.kind == ValueReply::Kind::kError &&
-                         (parse_redirect(reply.error) || is_transient_reply(reply.error))) ||
+    const bool settle = (reply.kind == ValueReply::Kind::kError && must_retry_reply(reply.error)) ||
                         (reply.kind == ValueReply::Kind::kNil && ready->replica);
     if (settle) reply = client_.get_one(key, client_.options().retry_budget);
     return Received{tag, std::move(reply)};

@@ -6,6 +6,8 @@
 #include <charconv>
 #include <stdexcept>
 
+#include "src/store/errors.h"
+
 namespace dsfs::store {
 
 uint16_t crc16(std::string_view bytes) {
@@ -165,6 +167,10 @@ std::vector<ClusterNode> SlotMap::primaries() const {
     if (std::find(out.begin(), out.end(), r.primary) == out.end()) out.push_back(r.primary);
   }
   return out;
+}
+
+bool must_retry_reply(std::string_view error) {
+  return parse_redirect(error).has_value() || is_transient_reply(error);
 }
 
 }  // namespace dsfs::store

@@ -46,6 +46,10 @@ struct Redirect {
 // nullopt for any other error text (including a malformed redirection).
 std::optional<Redirect> parse_redirect(std::string_view error);
 
+// An error reply that a later try (elsewhere, or after a wait) will settle: a redirection
+// (MOVED/ASK) or a "not now" (errors.h is_transient_reply: TRYAGAIN, CLUSTERDOWN, LOADING...).
+bool must_retry_reply(std::string_view error);
+
 // Which node serves each slot, from CLUSTER SLOTS.
 // Thread safety: immutable once built; share it by const reference or shared_ptr.
 class SlotMap {

@@ -12,16 +12,9 @@ import signal
 import unittest
 
 from harness import DsfsTestCase, run, wait_for
+from test_read_path import drop_page_cache
 
 FILES = 60
-
-
-def drop_page_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 class DiskTierTest(DsfsTestCase):
