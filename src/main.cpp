@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fs/mount_command.h"
@@ -17,6 +18,8 @@
 #include "tools/synth_command.h"
 
 int main(int argc, char** argv) {
+  // Before anything else, argv as given: the mount daemon's heap on huge pages (may exec).
+  if (argc > 1 && std::string_view(argv[1]) == "mount") dsfs::fs::exec_with_huge_page_heap(argv);
   CLI::App app{
       "dsfs serves deep-learning datasets stored in Redis as a read-only FUSE filesystem.\n"
       "Without --redis (or DSFS_REDIS) every command uses the embedded redis-server under\n"

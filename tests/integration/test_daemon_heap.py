@@ -1,0 +1,116 @@
+"""The mount daemon's malloc heap on transparent huge pages (issue 17): `dsfs mount` runs itself
+once more with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 when the kernel's THP mode is madvise, so
+the memory its object cache fills in a first epoch is mapped 2 MiB at a time; a user's own
+glibc.malloc.hugetlb is left alone, and the environment the user gave is what the daemon's own
+children inherit. Checked on the real daemon: its exec-time environment (/proc/PID/environ), its
+heap mappings (VmFlags `hg` in /proc/PID/smaps) and the environment its child redis-server got."""
+import os
+
+from harness import DSFS, DsfsTestCase, run
+
+THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_madvise_mode():
+    try:
+        with open(THP_MODE_FILE) as f:
+            return "[madvise]" in f.read()
+    except OSError:
+        return False
+
+
+def exec_environment(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+
+
+def huge_page_advised_mappings(pid):
+    """How many of the process's mappings carry VmFlags `hg` (MADV_HUGEPAGE)."""
+    count = 0
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if line.startswith("VmFlags:") and "hg" in line.split()[1:]:
+                count += 1
+    return count
+
+
+def redis_server_pid(home):
+    found = run(["pgrep", "-f", f"redis-server unixsocket:{home}/"], check=False).stdout.split()
+    if not found:
+        raise AssertionError(f"no embedded redis-server runs for {home}")
+    return int(found[0])
+
+
+class DaemonHeapTest(DsfsTestCase):
+    """Each test mounts the embedded server's dataset with the server stopped, so that the mount
+    starts redis-server itself: that child shows the environment the daemon passes on."""
+
+    FILES = 24
+
+    def setUp(self):
+        super().setUp()
+        self.home = self.env["DSFS_HOME"]
+        src = os.path.join(self.tmp, "src")
+        os.makedirs(os.path.join(src, "c"))
+        # Large enough to come from the heap's big chunks (and be pre-faulted), several MiB in all.
+        for i in range(self.FILES):
+            with open(os.path.join(src, "c", f"{i:02d}.bin"), "wb") as f:
+                f.write(bytes([i]) * (300 * 1024 + i))
+        self.dsfs("ingest", src, "--dataset", "ds", redis=False)
+        self.dsfs("server", "stop", redis=False)
+
+    def tearDown(self):
+        try:
+            super().tearDown()
+        finally:
+            run([DSFS, "server", "stop"], env=self.env, check=False)
+
+    def mount_with(self, tunables):
+        env = dict(self.env)
+        if tunables is not None:
+            env["GLIBC_TUNABLES"] = tunables
+        mnt = os.path.join(self.tmp, "mnt")
+        os.makedirs(mnt)
+        run([DSFS, "mount", mnt, "--cache-size", "64MiB"], env=env)
+        self.mounts.append(mnt)
+        for i in range(self.FILES):
+            with open(os.path.join(mnt, "ds", "c", f"{i:02d}.bin"), "rb") as f:
+                self.assertEqual(f.read(), bytes([i]) * (300 * 1024 + i))
+        pid = int(run(["pgrep", "-f", f"dsfs mount {mnt}"]).stdout.split()[0])
+        return pid, exec_environment(pid), exec_environment(redis_server_pid(self.home))
+
+    def test_the_heap_is_advised_for_huge_pages_and_children_get_the_users_environment(self):
+        pid, daemon_env, child_env = self.mount_with(None)
+        if thp_madvise_mode():
+            self.assertIn("glibc.malloc.hugetlb=1", daemon_env.get("GLIBC_TUNABLES", ""))
+            self.assertEqual(daemon_env.get("DSFS_USER_GLIBC_TUNABLES"), "-")
+            self.assertGreater(huge_page_advised_mappings(pid), 0,
+                               "no mapping of the daemon is advised for huge pages")
+        else:  # "always" or "never": nothing to ask, no second exec
+            self.assertNotIn("GLIBC_TUNABLES", daemon_env)
+            self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", daemon_env)
+        self.assertNotIn("GLIBC_TUNABLES", child_env)
+        self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", child_env)
+
+    def test_a_users_own_hugetlb_tunable_is_left_alone(self):
+        user_value = "glibc.malloc.hugetlb=0"
+        pid, daemon_env, child_env = self.mount_with(user_value)
+        self.assertEqual(daemon_env.get("GLIBC_TUNABLES"), user_value)
+        self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", daemon_env)
+        self.assertEqual(huge_page_advised_mappings(pid), 0)
+        self.assertEqual(child_env.get("GLIBC_TUNABLES"), user_value)
+
+    def test_other_tunables_of_the_user_are_kept_beside_the_added_one(self):
+        user_value = "glibc.malloc.check=0"
+        pid, daemon_env, child_env = self.mount_with(user_value)
+        # (glibc rewrites GLIBC_TUNABLES in place as it parses it, so /proc/PID/environ does not
+        # show what the exec passed: the mappings do.)
+        if thp_madvise_mode():
+            self.assertEqual(daemon_env.get("DSFS_USER_GLIBC_TUNABLES"), "=" + user_value)
+            self.assertGreater(huge_page_advised_mappings(pid), 0,
+                               "no mapping of the daemon is advised for huge pages")
+        else:
+            self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", daemon_env)
+        self.assertEqual(child_env.get("GLIBC_TUNABLES"), user_value)
+        self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", child_env)
