@@ -15,8 +15,11 @@
 #include <charconv>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <optional>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -117,7 +120,171 @@ bool parse_hex(std::string_view text, uint64_t& value) {
   return error == std::errc() && end == text.data() + text.size();
 }
 
+// The fields of an object file's name, <dataset>-<generation>-<object>-<chunk> in hex.
+struct ObjectName {
+  uint64_t dataset = 0;
+  uint64_t generation = 0;
+  uint64_t object_id = 0;
+  uint32_t chunk = 0;
+};
+
+std::optional<ObjectName> parse_object_name(std::string_view name) {
+  ObjectName parsed;
+  uint64_t chunk = 0;
+  if (name.size() != kNameLength || name[16] != '-' || name[33] != '-' || name[50] != '-' ||
+      !parse_hex(name.substr(0, 16), parsed.dataset) ||
+      !parse_hex(name.substr(17, 16), parsed.generation) ||
+      !parse_hex(name.substr(34, 16), parsed.object_id) || !parse_hex(name.substr(51, 8), chunk) ||
+      chunk > UINT32_MAX) {
+    return std::nullopt;
+  }
+  parsed.chunk = static_cast<uint32_t>(chunk);
+  return parsed;
+}
+
+// The dataset name an object file's header carries, if the header checks out.
+std::optional<std::string> dataset_named_in(int dir_fd, const char* file) {
+  UniqueFd fd(::openat(dir_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.get() < 0) return std::nullopt;
+  Header header;
+  if (pread_all(fd.get(), reinterpret_cast<char*>(&header), kHeaderBytes, 0) != 0 ||
+      header.magic != kMagic || header.version != kVersion || header.name_length > 4096) {
+    return std::nullopt;
+  }
+  std::string name(header.name_length, '\0');
+  if (pread_all(fd.get(), name.data(), name.size(), kHeaderBytes) != 0 ||
+      header.header_xxh64 != header_digest(header, name)) {
+    return std::nullopt;
+  }
+  return name;
+}
+
+std::filesystem::path objects_dir_of(const std::filesystem::path& dir) {
+  const std::filesystem::path objects = dir / "objects";
+  std::error_code error;
+  if (!std::filesystem::is_directory(objects, error)) {
+    throw std::runtime_error(fmt::format(
+        "{} is not a dsfs disk cache (it has no objects/ directory): give the DIR a mount was "
+        "given with --disk-cache",
+        dir.string()));
+  }
+  return objects;
+}
+
+// Calls visit(dir_fd, name) for every entry of the 256 subdirectories of `objects`.
+template <typename Visit>
+void for_each_entry(const std::filesystem::path& objects, Visit visit) {
+  for (unsigned sub = 0; sub < 256; ++sub) {
+    const std::filesystem::path subdir = objects / fmt::format("{:02x}", sub);
+    const std::unique_ptr<DIR, DirCloser> listing(::opendir(subdir.c_str()));
+    if (!listing) {
+      if (errno == ENOENT || errno == ENOTDIR) continue;
+      throw std::runtime_error(
+          fmt::format("cannot list the disk cache {}: {}", subdir.string(), std::strerror(errno)));
+    }
+    const int dir_fd = ::dirfd(listing.get());
+    while (const dirent* file = ::readdir(listing.get())) {
+      const std::string_view name = file->d_name;
+      if (name != "." && name != "..") visit(dir_fd, file->d_name);
+    }
+  }
+}
+
+// The pid in DIR/lock while a mount holds the lock; empty when none does.
+std::string lock_holder(const std::filesystem::path& dir) {
+  UniqueFd fd(::open((dir / "lock").c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return "";
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return "";  // closing the fd releases it
+  if (errno != EWOULDBLOCK) return "";
+  std::array<char, 32> holder{};
+  const ssize_t got = ::pread(fd.get(), holder.data(), holder.size() - 1, 0);
+  return got > 0 ? std::string(holder.data()) : std::string("unknown");
+}
+
 }  // namespace
+
+DiskTierContents inspect_disk_tier(const std::filesystem::path& dir) {
+  const std::filesystem::path objects = objects_dir_of(dir);
+  DiskTierContents contents;
+  contents.held_by = lock_holder(dir);
+  struct Group {
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Group> groups;  // (dataset hash, generation)
+  std::map<uint64_t, std::string> names;                  // dataset hash -> name
+  for_each_entry(objects, [&](int dir_fd, const char* file) {
+    const std::string_view name = file;
+    if (name.ends_with(kTempSuffix)) {
+      ++contents.temp_files;
+      return;
+    }
+    const std::optional<ObjectName> parsed = parse_object_name(name);
+    struct stat st {};
+    if (!parsed || ::fstatat(dir_fd, file, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+      return;  // not ours
+    }
+    Group& group = groups[{parsed->dataset, parsed->generation}];
+    ++group.objects;
+    group.bytes += on_disk_bytes(static_cast<uint64_t>(st.st_size));
+    if (!names.contains(parsed->dataset)) {
+      if (std::optional<std::string> dataset = dataset_named_in(dir_fd, file)) {
+        names.emplace(parsed->dataset, std::move(*dataset));
+      }
+    }
+  });
+  for (const auto& [key, group] : groups) {
+    const auto name = names.find(key.first);
+    contents.generations.push_back(DiskTierContents::Generation{
+        .dataset = name == names.end() ? std::string("?") : name->second,
+        .generation = key.second,
+        .objects = group.objects,
+        .bytes = group.bytes});
+    contents.objects += group.objects;
+    contents.bytes += group.bytes;
+  }
+  std::sort(contents.generations.begin(), contents.generations.end(),
+            [](const auto& a, const auto& b) {
+              return std::tie(a.dataset, a.generation) < std::tie(b.dataset, b.generation);
+            });
+  return contents;
+}
+
+uint64_t clear_disk_tier(const std::filesystem::path& dir) {
+  const std::filesystem::path objects = objects_dir_of(dir);
+  const std::filesystem::path lock_path = dir / "lock";
+  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (lock.get() < 0) {
+    throw std::runtime_error(fmt::format("cannot open the disk cache lock {}: {}",
+                                         lock_path.string(), std::strerror(errno)));
+  }
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int lock_error = errno;
+    if (lock_error == EWOULDBLOCK) {
+      std::array<char, 32> holder{};
+      const ssize_t got = ::pread(lock.get(), holder.data(), holder.size() - 1, 0);
+      throw DiskTierLocked(fmt::format(
+          "the disk cache {} is in use by a dsfs mount (pid {}); unmount it first (dsfs umount "
+          "MOUNTPOINT), then clear it",
+          dir.string(), got > 0 ? std::string(holder.data()) : "unknown"));
+    }
+    throw std::runtime_error(fmt::format("cannot lock the disk cache {}: {}", lock_path.string(),
+                                         std::strerror(lock_error)));
+  }
+  uint64_t removed = 0;
+  for_each_entry(objects, [&](int dir_fd, const char* file) {
+    std::string_view name = file;
+    const bool temp = name.ends_with(kTempSuffix);
+    if (temp) name.remove_suffix(kTempSuffix.size());
+    if (!parse_object_name(name)) return;  // not ours: left alone
+    if (::unlinkat(dir_fd, file, 0) != 0 && errno != ENOENT) {
+      throw std::runtime_error(fmt::format("cannot remove {} from the disk cache {}: {}", file,
+                                           dir.string(), std::strerror(errno)));
+    }
+    if (!temp) ++removed;
+  });
+  return removed;
+}
 
 size_t DiskTier::FileIdHash::operator()(const FileId& id) const {
   const std::array<uint64_t, 4> fields = {id.dataset, id.generation, id.object_id, id.chunk};
@@ -229,15 +396,12 @@ void DiskTier::rebuild_index() {
         if (::unlinkat(dir_fd, file->d_name, 0) == 0) ++stats_.stale_temp_files;
         continue;
       }
-      FileId id;
-      uint64_t chunk = 0;
-      if (name.size() != kNameLength || name[16] != '-' || name[33] != '-' || name[50] != '-' ||
-          !parse_hex(name.substr(0, 16), id.dataset) ||
-          !parse_hex(name.substr(17, 16), id.generation) ||
-          !parse_hex(name.substr(34, 16), id.object_id) || !parse_hex(name.substr(51, 8), chunk)) {
-        continue;  // not ours: left alone
-      }
-      id.chunk = static_cast<uint32_t>(chunk);
+      const std::optional<ObjectName> parsed = parse_object_name(name);
+      if (!parsed) continue;  // not ours: left alone
+      const FileId id{.dataset = parsed->dataset,
+                      .generation = parsed->generation,
+                      .object_id = parsed->object_id,
+                      .chunk = parsed->chunk};
       if ((FileIdHash{}(id)&0xff) != sub) continue;  // in the wrong subdirectory: not ours
       struct stat st {};
       if (::fstatat(dir_fd, file->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "prefetch/object_data.h"
 
@@ -63,6 +64,33 @@ class DiskTierLocked : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// What a disk-cache directory holds, for `dsfs cache show`: read from the file names and one
+// header per dataset, without the lock and without changing anything, so it works while a mount
+// serves the directory.
+struct DiskTierContents {
+  struct Generation {
+    std::string dataset;  // from a file's header; "?" when none could be read
+    uint64_t generation = 0;
+    uint64_t objects = 0;
+    uint64_t bytes = 0;  // on disk, rounded up to 4 KiB each
+  };
+  std::vector<Generation> generations;  // by dataset name, then generation
+  uint64_t objects = 0;
+  uint64_t bytes = 0;
+  uint64_t temp_files = 0;  // unfinished writes: a killed daemon's, or a mount's in progress
+  // The pid a mount recorded in DIR/lock while it holds the directory; empty when none does.
+  std::string held_by;
+};
+
+// Throws std::runtime_error naming `dir` when it is not a disk cache (no DIR/objects).
+DiskTierContents inspect_disk_tier(const std::filesystem::path& dir);
+
+// Removes every object file (and unfinished write) under DIR/objects, holding DIR's lock so that
+// no mount opens it meanwhile; files that are not the tier's are left alone. Returns the objects
+// removed. Throws DiskTierLocked while a mount holds DIR, std::runtime_error naming the path when
+// DIR is not a disk cache or a file cannot be removed.
+uint64_t clear_disk_tier(const std::filesystem::path& dir);
 
 // A directory of object files, one per object: DIR/objects/XX/NAME holds a header (magic,
 // version, the full key, payload length and XXH64, the header's own XXH64) then the payload.

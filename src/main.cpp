@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fs/cache_command.h"
 #include "fs/mount_command.h"
 #include "src/cli/common.h"
 #include "src/cli/server_command.h"
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   dsfs::tools::register_ingest_command(app, global);
   dsfs::tools::register_admin_commands(app, global);
   dsfs::fs::register_mount_commands(app, global);
+  dsfs::fs::register_cache_command(app);
   dsfs::tools::register_bench_command(app, global);
   dsfs::tools::register_proxy_command(app, global);
   dsfs::tools::register_plan_command(app, global);

@@ -2,7 +2,8 @@
 smaller than the dataset, shuffled epochs equal the source byte for byte and from the second one
 Redis serves (almost) no GETs; a remount finds the tier warm; damaged tier files (a flipped byte,
 a truncated and a deleted file) are read from Redis, correctly, and counted; a re-ingested
-dataset is served its new bytes; a second mount on the same directory is refused."""
+dataset is served its new bytes; a second mount on the same directory is refused; `dsfs cache`
+shows a tier (while a mount uses it too) and clears it only when none does."""
 import glob
 import json
 import os
@@ -246,6 +247,46 @@ class DiskTierTest(DsfsTestCase):
         tier = self.stats(mnt)["disk_tier"]
         self.assertGreater(tier["hits"], 0)
         self.assertEqual(tier["checksum_failures"], 0)
+
+    def test_dsfs_cache_shows_a_tier_and_clears_it_only_when_no_mount_uses_it(self):
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=1)
+        self.wait_written(mnt, FILES)
+        shown = json.loads(self.dsfs("cache", "show", self.tier, "--json", redis=False).stdout)
+        pid = run(["pgrep", "-f", f"dsfs mount {mnt}"]).stdout.split()[0]
+        self.assertEqual(shown["in_use_by_pid"], pid)
+        self.assertEqual(shown["objects"], FILES)
+        self.assertEqual(shown["bytes"], self.stats(mnt)["disk_tier"]["bytes_used"])
+        self.assertEqual([(g["dataset"], g["generation"], g["objects"])
+                          for g in shown["generations"]], [("dt", 1, FILES)])
+        text = self.dsfs("cache", "show", self.tier, redis=False).stdout
+        self.assertIn(f"in use by a dsfs mount (pid {pid})", text)
+        # Refused while the mount uses it: nothing removed, reads still from the tier.
+        res = self.dsfs("cache", "clear", self.tier, redis=False, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("unmount it first", res.stderr)
+        self.assertEqual(len(glob.glob(os.path.join(self.tier, "objects", "*", "*"))), FILES)
+        self.umount(mnt)
+        # A file that is not the tier's is left alone.
+        stranger = os.path.join(self.tier, "objects", "00", "notes.txt")
+        os.makedirs(os.path.dirname(stranger), exist_ok=True)
+        with open(stranger, "w") as f:
+            f.write("mine")
+        res = self.dsfs("cache", "clear", self.tier, redis=False)
+        self.assertIn(f"{FILES} objects removed", res.stdout)
+        self.assertEqual(glob.glob(os.path.join(self.tier, "objects", "*", "*")), [stranger])
+        shown = json.loads(self.dsfs("cache", "show", self.tier, "--json", redis=False).stdout)
+        self.assertEqual((shown["objects"], shown["in_use_by_pid"]), (0, None))
+        # The next mount starts cold, and right.
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=2)
+        self.assertEqual(self.stats(mnt)["disk_tier"]["hits"], 0)
+
+    def test_dsfs_cache_names_a_directory_that_is_no_tier(self):
+        for command in ("show", "clear"):
+            res = self.dsfs("cache", command, self.src, redis=False, check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("is not a dsfs disk cache", res.stderr)
 
 
 if __name__ == "__main__":
