@@ -265,6 +265,12 @@ struct Handlers {
     return {ref, fs.node(ref.kind)};
   }
 
+  // The process a request came from: the writer whose plan a write to .dsfs/plan is part of.
+  static uint64_t writer_of(fuse_req_t req) {
+    const fuse_ctx* context = fuse_req_ctx(req);
+    return context != nullptr && context->pid > 0 ? static_cast<uint64_t>(context->pid) : 0;
+  }
+
   static std::optional<Attributes> stat(Filesystem& fs, uint64_t ino) {
     const Target t = target(fs, ino);
     return t.node ? t.node->stat(t.ref) : std::nullopt;
@@ -545,14 +551,17 @@ struct Handlers {
     guarded(req, Op::kFlush, [&](Filesystem&) { fuse_reply_err(req, ENOSYS); });
   }
 
+  // The writer is the requesting process; libfuse passes the open flags in fi->flags.
   static void write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off,
-                    fuse_file_info*) {
+                    fuse_file_info* fi) {
     guarded(req, Op::kWrite, [&](Filesystem& fs) {
       if (off < 0) return fail(fs, req, EINVAL);
       const Target t = target(fs, ino);
-      const int error =
-          t.node ? t.node->write(t.ref, static_cast<uint64_t>(off), std::string_view(data, size))
-                 : EROFS;
+      const WriteContext context{.writer = writer_of(req),
+                                 .append = fi != nullptr && (fi->flags & O_APPEND) != 0};
+      const int error = t.node ? t.node->write(t.ref, static_cast<uint64_t>(off),
+                                               std::string_view(data, size), context)
+                               : EROFS;
       if (error != 0) return fail(fs, req, error);
       fuse_reply_write(req, size);
     });
@@ -569,7 +578,8 @@ struct Handlers {
       }
       if (to_set & FUSE_SET_ATTR_SIZE) {
         if (attr->st_size < 0) return fail(fs, req, EINVAL);
-        const int error = t.node->truncate(t.ref, static_cast<uint64_t>(attr->st_size));
+        const int error = t.node->truncate(t.ref, static_cast<uint64_t>(attr->st_size),
+                                           WriteContext{.writer = writer_of(req)});
         if (error != 0) return fail(fs, req, error);
       }
       const std::optional<Attributes> a = t.node->stat(t.ref);

@@ -128,6 +128,13 @@ struct Found {
   bool cacheable = true;
 };
 
+// Who is writing, for the one writable file that keeps state per writer (the plan: several
+// loaders share a mount, each writing a plan of its own).
+struct WriteContext {
+  uint64_t writer = 0;  // the writing process (the FUSE request's pid)
+  bool append = false;  // the file was opened O_APPEND: the write goes at the writer's end
+};
+
 // One kind of node. Every method is called from many FUSE worker threads at once: each
 // implementation synchronizes itself (most hold nothing mutable). Errors are errno values;
 // anything thrown is answered EIO by the caller.
@@ -163,11 +170,15 @@ class Node {
   }
   // Every user.* attribute of `ref` that can be read, each name NUL-terminated.
   virtual int xattr_names(const InodeRef& /*ref*/, std::string& /*names*/) { return 0; }
-  // Writes and truncation: EROFS but for the one writable file.
-  virtual int write(const InodeRef& /*ref*/, uint64_t /*offset*/, std::string_view /*data*/) {
+  // Writes and truncation, by the writer `context` names: EROFS but for the writable files.
+  virtual int write(const InodeRef& /*ref*/, uint64_t /*offset*/, std::string_view /*data*/,
+                    const WriteContext& /*context*/) {
     return EROFS;
   }
-  virtual int truncate(const InodeRef& /*ref*/, uint64_t /*size*/) { return EROFS; }
+  virtual int truncate(const InodeRef& /*ref*/, uint64_t /*size*/,
+                       const WriteContext& /*context*/) {
+    return EROFS;
+  }
   // The kernel dropped `lookups` references to `ino` (only counted inodes care).
   virtual void forget(uint64_t /*ino*/, uint64_t /*lookups*/) {}
 };

@@ -126,7 +126,8 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
       {"plan",
        {{"entries", e.plan_entries},
         {"unresolved", plan_unresolved},
-        {"position", e.plan_position}}},
+        {"position", e.plan_position},
+        {"writers", e.plan_writers}}},
       {"predictors", predictors},
   };
 }

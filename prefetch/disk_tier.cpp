@@ -447,7 +447,7 @@ void DiskTier::erase_locked(FileId id) {
   const auto it = index_.find(id);
   if (it == index_.end()) return;
   stats_.bytes_used -= it->second.bytes;
-  lru_.erase(it->second.lru);
+  (it->second.read_this_epoch ? read_this_epoch_ : lru_).erase(it->second.lru);
   index_.erase(it);
   stats_.entries = index_.size();
   if (::unlink(path_of(id).c_str()) != 0 && errno != ENOENT) {
@@ -455,11 +455,40 @@ void DiskTier::erase_locked(FileId id) {
   }
 }
 
+DiskTier::FileId DiskTier::victim_locked() {
+  if (!lru_.empty()) {
+    const FileId& oldest = lru_.front();
+    if (oldest.generation < newest_generation_[oldest.dataset]) return oldest;
+  }
+  return read_this_epoch_.empty() ? lru_.front() : read_this_epoch_.front();
+}
+
+void DiskTier::place_locked(Entry& entry, bool read_this_epoch) {
+  std::list<FileId>& from = entry.read_this_epoch ? read_this_epoch_ : lru_;
+  std::list<FileId>& to = read_this_epoch ? read_this_epoch_ : lru_;
+  to.splice(to.end(), from, entry.lru);
+  entry.read_this_epoch = read_this_epoch;
+}
+
+void DiskTier::new_epoch() {
+  std::lock_guard lock(mutex_);
+  for (const FileId& id : read_this_epoch_) index_.at(id).read_this_epoch = false;
+  lru_.splice(lru_.end(), read_this_epoch_);
+}
+
 void DiskTier::note_generation_locked(uint64_t dataset, uint64_t generation) {
   uint64_t& newest = newest_generation_[dataset];
   if (generation <= newest) return;
   newest = generation;
-  // Rare (a re-ingest): one pass moves the dataset's older files to the front.
+  // Rare (a re-ingest): the dataset's older files move to the front of lru_.
+  for (auto it = read_this_epoch_.begin(); it != read_this_epoch_.end();) {
+    const auto next = std::next(it);
+    if (it->dataset == dataset && it->generation < generation) {
+      index_.at(*it).read_this_epoch = false;
+      lru_.splice(lru_.begin(), read_this_epoch_, it);
+    }
+    it = next;
+  }
   for (auto it = lru_.begin(); it != lru_.end();) {
     const auto next = std::next(it);
     if (it->dataset == dataset && it->generation < generation) {
@@ -492,9 +521,7 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
       return nullptr;
     }
     // A generation older than the newest of its dataset keeps its place at the front.
-    if (id.generation >= newest_generation_[id.dataset]) {
-      lru_.splice(lru_.end(), lru_, it->second.lru);
-    }
+    if (id.generation >= newest_generation_[id.dataset]) place_locked(it->second, true);
   }
   const std::filesystem::path path = path_of(id);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -548,7 +575,7 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
   return std::make_shared<const ObjectData>(std::move(payload));
 }
 
-bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer) {
+bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_epoch) {
   const FileId id = id_of(key);
   const uint64_t bytes = on_disk_bytes(kHeaderBytes + key.dataset.size() + buffer->size());
   std::lock_guard lock(mutex_);
@@ -563,8 +590,10 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer) {
   }
   stats_.queued_bytes += buffer->size();
   queued_.insert(id);
-  queue_.push_back(
-      Write{.id = id, .dataset = std::string(key.dataset), .buffer = std::move(buffer)});
+  queue_.push_back(Write{.id = id,
+                         .dataset = std::string(key.dataset),
+                         .buffer = std::move(buffer),
+                         .read_this_epoch = read_this_epoch});
   work_.notify_one();
   return true;
 }
@@ -620,8 +649,8 @@ void DiskTier::write_one(const Write& write) {
     // Room first, so the bound holds while the file is written too.
     std::lock_guard lock(mutex_);
     note_generation_locked(id.dataset, id.generation);
-    while (stats_.bytes_used + bytes > options_.capacity_bytes && !lru_.empty()) {
-      erase_locked(lru_.front());
+    while (stats_.bytes_used + bytes > options_.capacity_bytes && !index_.empty()) {
+      erase_locked(victim_locked());
       ++stats_.evictions;
     }
   }
@@ -659,8 +688,11 @@ void DiskTier::write_one(const Write& write) {
     return;
   }
   last_write_errno_ = 0;
-  lru_.push_back(id);
-  index_.emplace(id, Entry{.bytes = bytes, .lru = std::prev(lru_.end())});
+  std::list<FileId>& list = write.read_this_epoch ? read_this_epoch_ : lru_;
+  list.push_back(id);
+  index_.emplace(id, Entry{.bytes = bytes,
+                           .read_this_epoch = write.read_this_epoch,
+                           .lru = std::prev(list.end())});
   stats_.bytes_used += bytes;
   stats_.entries = index_.size();
   ++stats_.writes;

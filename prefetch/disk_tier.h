@@ -97,9 +97,11 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // Written as NAME.tmp and renamed, so a killed writer leaves only temp files, removed at the next
 // open. The index (key -> size, LRU order) lives in memory and is rebuilt at open from readdir
 // and stat alone (no payload is read; the first read of each file checks it). An flock on
-// DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes; eviction is LRU,
-// except that objects of a generation older than the newest one seen of the same dataset go
-// first.
+// DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is
+// epoch-aware, like the RAM cache's: objects of a generation older than the newest one seen of
+// the same dataset go first, then objects read this epoch (oldest read first), then the others
+// (least recently used first). new_epoch() comes from the prefetch engine, which tells epochs
+// apart; without it (--prefetch off) every object counts as read this epoch, which is plain LRU.
 //
 // Thread safety: get(), put(), flush() and stats() may be called from any thread at once (FUSE
 // workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
@@ -128,8 +130,14 @@ class DiskTier {
 
   // Queues the object to be written behind the caller. Returns false (changing nothing) when it
   // is already on disk or queued, larger than the tier, or the queue is full (counted as
-  // dropped). Never blocks on disk.
-  bool put(const DiskTierKey& key, ObjectBuffer buffer);
+  // dropped). Never blocks on disk. `read_this_epoch`: a reader has it now (a demand fetch), so
+  // it is evicted early; false for a prefetch, whose reader is still to come.
+  bool put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_epoch = true);
+
+  // The readers began a new epoch: the objects read in the last one are as likely to be read
+  // again as any other. Within an epoch an object read (or staged into RAM) is evicted before one
+  // not read yet, since a shuffled epoch reads each file once.
+  void new_epoch();
 
   // Waits until every write queued so far is done (tests, and a clean close).
   void flush();
@@ -154,12 +162,14 @@ class DiskTier {
   };
   struct Entry {
     uint64_t bytes = 0;  // on disk, rounded up to 4 KiB
+    bool read_this_epoch = false;  // in read_this_epoch_, not lru_
     std::list<FileId>::iterator lru;
   };
   struct Write {
     FileId id;
     std::string dataset;
     ObjectBuffer buffer;
+    bool read_this_epoch = true;
   };
 
   static FileId id_of(const DiskTierKey& key);
@@ -169,8 +179,12 @@ class DiskTier {
   // Writes one object (evicting first so that it fits); false after logging on failure.
   void write_one(const Write& write);
   // Drops `id` from the index and unlinks its file; mutex_ held.
-  // By value: callers pass lru_.front(), which the erase frees.
+  // By value: callers pass a list's front, which the erase frees.
   void erase_locked(FileId id);
+  // The next object to evict (index_ not empty); mutex_ held.
+  FileId victim_locked();
+  // Moves an entry to the end of lru_ or read_this_epoch_; mutex_ held.
+  void place_locked(Entry& entry, bool read_this_epoch);
   // A newer generation of `dataset` exists: its older generations' files go first; mutex_ held.
   void note_generation_locked(uint64_t dataset, uint64_t generation);
   // Drops an entry whose file did not check out: logs one line, counts it.
@@ -184,7 +198,8 @@ class DiskTier {
   std::condition_variable work_;  // the writer waits for queued writes or stop
   std::condition_variable idle_;  // flush() waits for the queue to drain
   std::unordered_map<FileId, Entry, FileIdHash> index_;
-  std::list<FileId> lru_;                                     // front: evicted first
+  std::list<FileId> lru_;              // not read this epoch; front: least recently used
+  std::list<FileId> read_this_epoch_;  // front: read first
   std::unordered_map<uint64_t, uint64_t> newest_generation_;  // by dataset hash
   std::deque<Write> queue_;
   std::unordered_set<FileId, FileIdHash> queued_;

@@ -213,7 +213,7 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     std::lock_guard lock(mutex_);
     if (model_->observe(file_id(dataset, entry))) {
       spdlog::debug("prefetch: epoch {} begins", model_->epochs().epoch());
-      cache_.new_epoch();
+      new_epoch_locked();
     }
     inflight_.on_access(now);
     last_access_ = now;
@@ -226,6 +226,11 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     }
   }
   if (wake) work_.notify_one();
+}
+
+void PrefetchEngine::new_epoch_locked() {
+  cache_.new_epoch();
+  if (DiskTier* tier = fetcher_.disk_tier()) tier->new_epoch();
 }
 
 bool PrefetchEngine::active_locked(Clock::time_point now) const {
@@ -456,16 +461,24 @@ void PrefetchEngine::fetch_loop(size_t worker) {
   drop_router("the mount is stopping");
 }
 
-void PrefetchEngine::plan_clear() {
+void PrefetchEngine::plan_clear(PlanWriter writer) {
   std::lock_guard lock(mutex_);
-  model_->plan_clear();
+  model_->plan_clear(writer);
 }
 
-void PrefetchEngine::plan_extend(std::span<const PlannedFile> files, bool new_plan) {
+void PrefetchEngine::plan_forget(PlanWriter writer) {
   std::lock_guard lock(mutex_);
-  for (const PlannedFile& file : files) model_->plan_append(file_id(file.dataset, file.entry));
+  model_->plan_forget(writer);
+}
+
+void PrefetchEngine::plan_extend(PlanWriter writer, std::span<const PlannedFile> files,
+                                 bool new_plan) {
+  std::lock_guard lock(mutex_);
+  for (const PlannedFile& file : files) {
+    model_->plan_append(writer, file_id(file.dataset, file.entry));
+  }
   // Objects read last epoch are unread again in the one the new plan begins.
-  if (model_->plan_published(new_plan)) cache_.new_epoch();
+  if (model_->plan_published(new_plan)) new_epoch_locked();
   plan_written_ = Clock::now();
   work_.notify_all();
 }
@@ -490,6 +503,7 @@ EngineStats PrefetchEngine::stats() const {
   s.failures = failures_.load(std::memory_order_relaxed);
   s.plan_entries = model_->plan().entries();
   s.plan_position = model_->plan().position();
+  s.plan_writers = model_->plan().writers();
   for (const PredictorScore& p : model_->scores()) {
     s.predictors.push_back(PredictorReport{std::string(p.name), p.score, p.foreseen, p.scored});
   }

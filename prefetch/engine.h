@@ -111,8 +111,9 @@ struct EngineStats {
   uint64_t gets = 0;
   uint64_t disk_reads = 0;  // prefetches staged from the disk tier, not Redis
   uint64_t failures = 0;    // prefetches given up (Redis errors, bad data)
-  uint64_t plan_entries = 0;
-  uint64_t plan_position = 0;
+  uint64_t plan_entries = 0;   // every writer's plan together
+  uint64_t plan_position = 0;  // entries read, every writer's plan together
+  uint64_t plan_writers = 0;   // writers with a plan
   std::vector<PredictorReport> predictors;
 };
 
@@ -144,11 +145,17 @@ class PrefetchEngine {
     uint32_t dataset = 0;
     uint32_t entry = 0;
   };
-  // The plan (MOUNT/.dsfs/plan): the files readers will read next, in order. plan_clear() drops
-  // it; plan_extend() appends `files`, and with `new_plan` says they begin a plan that replaced
-  // the last one (a new epoch: objects read in the last one count as unread again).
-  void plan_clear();
-  void plan_extend(std::span<const PlannedFile> files, bool new_plan);
+  // Who wrote a plan: the plan file keys plans by the writing process, so that several loaders
+  // (DDP ranks on one node) sharing a mount each have a plan of their own, followed at its own
+  // position.
+  using PlanWriter = uint64_t;
+  // A writer's plan (MOUNT/.dsfs/plan): the files its readers will read next, in order.
+  // plan_clear() drops it; plan_extend() appends `files`, and with `new_plan` says they begin a
+  // plan that replaced the writer's last one (a new epoch: objects read in the last one count as
+  // unread again). plan_forget() drops the plan of a writer that is gone, and its memory.
+  void plan_clear(PlanWriter writer);
+  void plan_extend(PlanWriter writer, std::span<const PlannedFile> files, bool new_plan);
+  void plan_forget(PlanWriter writer);
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
@@ -191,6 +198,8 @@ class PrefetchEngine {
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
+  // An epoch began: the RAM cache and the disk tier rank last epoch's reads again; mutex_ held.
+  void new_epoch_locked();
   ObjectCache& cache_;
   ObjectFetcher& fetcher_;
   const DatasetTable& datasets_;

@@ -49,7 +49,8 @@ DiskTierKey disk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t ch
 void ObjectFetcher::offer_to_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk,
                                   ObjectBuffer buffer) {
   if (options_.disk_tier != nullptr) {
-    options_.disk_tier->put(disk_key(dataset, entry, chunk), std::move(buffer));
+    options_.disk_tier->put(disk_key(dataset, entry, chunk), std::move(buffer),
+                            /*read_this_epoch=*/false);
   }
 }
 

@@ -95,7 +95,8 @@ class ObjectFetcher {
   static uint64_t chunk_length(const catalog::Catalog& catalog, uint32_t entry, uint32_t chunk);
 
   // Queues chunk `chunk` of file `entry`, fetched from Redis elsewhere (the engine's
-  // prefetches), to the disk tier; a no-op without one. Never blocks on disk.
+  // prefetches: not read yet this epoch), to the disk tier; a no-op without one. Never blocks on
+  // disk.
   void offer_to_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk,
                      ObjectBuffer buffer);
   DiskTier* disk_tier() const { return options_.disk_tier; }

@@ -217,6 +217,93 @@ std::optional<Proposal> PlanPredictor::propose(uint64_t now) {
   return std::nullopt;
 }
 
+std::optional<uint64_t> PlanPredictor::distance(FileId file) const {
+  const uint32_t d = dataset_of(file);
+  const uint32_t e = entry_of(file);
+  if (d >= first_.size() || e >= first_[d].size() || first_[d][e] == kNone) return std::nullopt;
+  return first_[d][e] - frontier_;
+}
+
+// --- PlansPredictor ---
+
+PlanPredictor* PlansPredictor::find(Writer writer) const {
+  for (const auto& [w, plan] : plans_) {
+    if (w == writer) return plan.get();
+  }
+  return nullptr;
+}
+
+bool PlansPredictor::ready() const {
+  return std::any_of(plans_.begin(), plans_.end(), [](const auto& p) { return p.second->ready(); });
+}
+
+bool PlansPredictor::observe(FileId file) {
+  PlanPredictor* soonest = nullptr;
+  uint64_t soonest_distance = 0;
+  for (const auto& [writer, plan] : plans_) {
+    const std::optional<uint64_t> d = plan->distance(file);
+    if (d && (soonest == nullptr || *d < soonest_distance)) {
+      soonest = plan.get();
+      soonest_distance = *d;
+    }
+  }
+  return soonest != nullptr && soonest->observe(file);
+}
+
+std::optional<Proposal> PlansPredictor::propose(uint64_t now) {
+  std::vector<PlanPredictor*> ready;
+  for (const auto& [writer, plan] : plans_) {
+    if (plan->ready()) ready.push_back(plan.get());
+  }
+  if (ready.empty()) return std::nullopt;
+  std::sort(ready.begin(), ready.end(),
+            [](const PlanPredictor* a, const PlanPredictor* b) { return a->lead() < b->lead(); });
+  for (PlanPredictor* plan : ready) {
+    plan->set_lookahead(lookahead_ / ready.size());
+    if (std::optional<Proposal> proposal = plan->propose(now)) {
+      // The plans' readers take turns: a file n places ahead in one of k plans is about k * n
+      // accesses away.
+      proposal->rank = now + (proposal->rank - now) * ready.size();
+      return proposal;
+    }
+  }
+  return std::nullopt;
+}
+
+void PlansPredictor::restart() {
+  for (const auto& [writer, plan] : plans_) plan->restart();
+}
+
+void PlansPredictor::clear(Writer writer) {
+  if (PlanPredictor* plan = find(writer)) plan->clear();
+}
+
+void PlansPredictor::append(Writer writer, FileId file) {
+  PlanPredictor* plan = find(writer);
+  if (plan == nullptr) {
+    plans_.emplace_back(writer, std::make_unique<PlanPredictor>(shape_));
+    plan = plans_.back().second.get();
+    plan->set_lookahead(lookahead_);
+  }
+  plan->append(file);
+}
+
+void PlansPredictor::forget(Writer writer) {
+  std::erase_if(plans_, [writer](const auto& p) { return p.first == writer; });
+}
+
+uint64_t PlansPredictor::entries() const {
+  uint64_t total = 0;
+  for (const auto& [writer, plan] : plans_) total += plan->entries();
+  return total;
+}
+
+uint64_t PlansPredictor::position() const {
+  uint64_t total = 0;
+  for (const auto& [writer, plan] : plans_) total += plan->position();
+  return total;
+}
+
 // --- UnreadSetPredictor ---
 
 UnreadSetPredictor::UnreadSetPredictor(const MountShape& shape, const EpochTracker& epochs,
@@ -307,7 +394,7 @@ void UnreadSetPredictor::restart() {
 
 PredictionModel::PredictionModel(MountShape shape, uint64_t seed)
     : shape_(std::move(shape)), epochs_(shape_) {
-  auto plan = std::make_unique<PlanPredictor>(shape_);
+  auto plan = std::make_unique<PlansPredictor>(shape_);
   auto repeat = std::make_unique<RepeatPredictor>(shape_);
   plan_ = plan.get();
   repeat_ = repeat.get();
@@ -379,11 +466,14 @@ std::optional<Proposal> PredictionModel::propose() {
   return std::nullopt;
 }
 
-void PredictionModel::plan_clear() {
-  plan_->clear();
+void PredictionModel::plan_clear(PlansPredictor::Writer writer) {
+  plan_->clear(writer);
 }
-void PredictionModel::plan_append(FileId file) {
-  plan_->append(file);
+void PredictionModel::plan_append(PlansPredictor::Writer writer, FileId file) {
+  plan_->append(writer, file);
+}
+void PredictionModel::plan_forget(PlansPredictor::Writer writer) {
+  plan_->forget(writer);
 }
 
 bool PredictionModel::plan_published(bool replaced) {

@@ -172,6 +172,10 @@ class PlanPredictor final : public Predictor {
   void append(FileId file);
   uint64_t entries() const { return plan_.size(); }
   uint64_t position() const { return frontier_; }  // entries read, counting from the start
+  // How far past the frontier the plan lists `file` unread, if it does.
+  std::optional<uint64_t> distance(FileId file) const;
+  // How far past the frontier the last proposal was.
+  uint64_t lead() const { return proposed_ > frontier_ ? proposed_ - frontier_ : 0; }
 
  private:
   std::vector<FileId> plan_;
@@ -182,6 +186,35 @@ class PlanPredictor final : public Predictor {
   uint64_t frontier_ = 0;                     // the earliest position not yet read
   uint64_t proposed_ = 0;
   static constexpr uint32_t kNone = UINT32_MAX;
+};
+
+// Every writer's plan: each loader process (a DDP rank) writes MOUNT/.dsfs/plan for itself, and
+// the ranks sharing a mount read side by side. An access counts against the plan that lists it
+// soonest; proposals come from the plan whose lead is shortest, so each rank is fetched for at
+// its own position; the lookahead (the cache's room) is shared evenly by the plans with files
+// left. Each plan holds 8 bytes per file of the mount besides its entries, so the plan file keeps
+// the number of writers bounded and forgets those that are gone.
+class PlansPredictor final : public Predictor {
+ public:
+  using Writer = uint64_t;
+  explicit PlansPredictor(const MountShape& shape) : shape_(shape) {}
+  std::string_view name() const override { return "plan"; }
+  bool ready() const override;
+  bool observe(FileId file) override;
+  std::optional<Proposal> propose(uint64_t now) override;
+  void restart() override;
+
+  void clear(Writer writer);
+  void append(Writer writer, FileId file);
+  void forget(Writer writer);
+  uint64_t entries() const;   // every plan's
+  uint64_t position() const;  // entries read, every plan's
+  size_t writers() const { return plans_.size(); }
+
+ private:
+  PlanPredictor* find(Writer writer) const;
+  const MountShape& shape_;
+  std::vector<std::pair<Writer, std::unique_ptr<PlanPredictor>>> plans_;
 };
 
 // A shuffled epoch reads every file once: any file not read yet this epoch is as likely as any
@@ -233,17 +266,19 @@ class PredictionModel {
   std::optional<Proposal> propose();
   void set_lookahead(size_t files);
 
-  void plan_clear();
-  void plan_append(FileId file);
+  // The plans, one per writer (PlansPredictor).
+  void plan_clear(PlansPredictor::Writer writer);
+  void plan_append(PlansPredictor::Writer writer, FileId file);
+  void plan_forget(PlansPredictor::Writer writer);
   // A new plan is trusted at once: it leads until the accesses stop matching it. A plan that
-  // replaced the last one begins a new epoch.
+  // replaced its writer's last one begins a new epoch.
   // Returns whether it began a new epoch.
   bool plan_published(bool replaced);
 
   std::string_view leader() const { return predictors_[leader_]->name(); }
   std::vector<PredictorScore> scores() const;
   const EpochTracker& epochs() const { return epochs_; }
-  const PlanPredictor& plan() const { return *plan_; }
+  const PlansPredictor& plan() const { return *plan_; }
   uint64_t accesses() const { return accesses_; }
   const MountShape& shape() const { return shape_; }
 
@@ -259,7 +294,7 @@ class PredictionModel {
   EpochTracker epochs_;
   std::vector<std::unique_ptr<Predictor>> predictors_;  // in order of preference on ties
   std::vector<PredictorScore> scores_;
-  PlanPredictor* plan_;
+  PlansPredictor* plan_;
   RepeatPredictor* repeat_;
   size_t leader_;
   uint64_t accesses_ = 0;

@@ -159,10 +159,11 @@ std::string prefetch_rows(const Json& stats) {
                           count_text(number(p, {"connections"}))));
   rows += row("consuming",
               fmt::format("{} files/s", fixed_text(number(p, {"consumption_files_per_s"}), 1)));
-  rows += row("plan", fmt::format("{} entries  {} unresolved  position {}",
+  rows += row("plan", fmt::format("{} entries  {} unresolved  position {}  writers {}",
                                   count_text(number(p, {"plan", "entries"})),
                                   count_text(number(p, {"plan", "unresolved"})),
-                                  count_text(number(p, {"plan", "position"}))));
+                                  count_text(number(p, {"plan", "position"})),
+                                  count_text(number(p, {"plan", "writers"}))));
   rows += row("predictors", predictors_text(p));
   return rows;
 }

@@ -96,16 +96,17 @@ int ControlNode::read(const InodeRef& ref, uint64_t offset, size_t size, ReadRep
   }
 }
 
-int ControlNode::write(const InodeRef& ref, uint64_t offset, std::string_view data) {
+int ControlNode::write(const InodeRef& ref, uint64_t offset, std::string_view data,
+                       const WriteContext& context) {
   if (ref.kind == InodeRef::Kind::kRefresh) return refresh(data);
   if (ref.kind != InodeRef::Kind::kPlan) return EROFS;
-  return plan_.write(offset, data);
+  return plan_.write(context, offset, data);
 }
 
-int ControlNode::truncate(const InodeRef& ref, uint64_t size) {
+int ControlNode::truncate(const InodeRef& ref, uint64_t size, const WriteContext& context) {
   if (ref.kind == InodeRef::Kind::kRefresh) return 0;  // O_TRUNC: each write stands alone
   if (ref.kind != InodeRef::Kind::kPlan) return EROFS;
-  return plan_.truncate(size);
+  return plan_.truncate(context.writer, size);
 }
 
 int ControlNode::refresh(std::string_view data) {

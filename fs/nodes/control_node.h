@@ -42,12 +42,14 @@ class ControlNode final : public Node {
   // A snapshot's text (ESTALE once forgotten); the plan reads as empty (it is write-only:
   // stats.json reports what it holds).
   int read(const InodeRef& ref, uint64_t offset, size_t size, ReadReply& out) override;
-  // The plan: writing at 0 replaces it, at its end extends it; truncating to 0 clears it.
+  // The plan: one per writer (PlanFile): writing at 0 replaces the writer's plan, at its end or
+  // O_APPEND extends it; truncating to 0 clears it.
   // The refresh file: each write is one request, dataset names separated by white space
   // (none: every dataset); EINVAL for a name that is not a dataset name, else what the refresh
   // returned (ENOENT: not published; EIO: Redis or the dataset failed, see the log).
-  int write(const InodeRef& ref, uint64_t offset, std::string_view data) override;
-  int truncate(const InodeRef& ref, uint64_t size) override;
+  int write(const InodeRef& ref, uint64_t offset, std::string_view data,
+            const WriteContext& context) override;
+  int truncate(const InodeRef& ref, uint64_t size, const WriteContext& context) override;
   void forget(uint64_t ino, uint64_t lookups) override;
 
   size_t snapshot_count() const;

@@ -1,17 +1,69 @@
 #include "fs/nodes/plan_file.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 
 #include "src/store/log_text.h"
 
 namespace dsfs::fs {
+
+bool PlanFile::process_exists(Writer writer) {
+  if (writer == 0) return true;                             // not known: never taken for gone
+  if (writer > static_cast<Writer>(INT_MAX)) return false;  // no process has such an id
+  return ::kill(static_cast<pid_t>(writer), 0) == 0 || errno != ESRCH;
+}
 
 void PlanFile::set_line_mapper(LineMapper mapper) {
   MutexLock lock(mutex_);
   mapper_ = std::move(mapper);
 }
 
-void PlanFile::resolve_locked(std::string_view line,
+void PlanFile::forget_locked(Writer writer) {
+  const auto it = streams_.find(writer);
+  engine_.plan_forget(it->second.plan);
+  streams_.erase(it);
+}
+
+PlanFile::Stream* PlanFile::stream_locked(Writer writer, bool create) {
+  if (const auto it = streams_.find(writer); it != streams_.end()) return &it->second;
+  // A new writer: the writers that are gone make room (checked only now, so a long plan's
+  // writes cost no system call). The plan of the one written last passes to the new writer,
+  // which goes on with it as its own: one process after another writing the plan (`dsfs plan`,
+  // then `dsfs plan --append`, or `: > plan`; a restarted loader) replaces, extends or clears
+  // the plan the last one left. The others are forgotten.
+  std::vector<Writer> gone;
+  for (const auto& [known, stream] : streams_) {
+    if (!alive_(known)) gone.push_back(known);
+  }
+  std::optional<Writer> heir;
+  for (const Writer known : gone) {
+    if (!heir || streams_.at(known).last_written > streams_.at(*heir).last_written) heir = known;
+  }
+  for (const Writer known : gone) {
+    if (known != *heir) forget_locked(known);
+  }
+  if (heir) {
+    auto node = streams_.extract(*heir);
+    node.key() = writer;
+    return &streams_.insert(std::move(node)).position->second;
+  }
+  if (!create) return nullptr;
+  while (streams_.size() >= kMaxPlanWriters) {
+    const auto oldest = std::min_element(
+        streams_.begin(), streams_.end(),
+        [](const auto& a, const auto& b) { return a.second.last_written < b.second.last_written; });
+    forget_locked(oldest->first);
+  }
+  Stream& s = streams_[writer];
+  s.plan = ++plans_;
+  return &s;
+}
+
+void PlanFile::resolve_locked(Stream& s, std::string_view line,
                               std::vector<prefetch::PrefetchEngine::PlannedFile>& out) {
   while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
   while (line.starts_with("./")) line.remove_prefix(2);
@@ -36,93 +88,114 @@ void PlanFile::resolve_locked(std::string_view line,
       return;
     }
   }
-  if (unresolved_++ == 0) first_unresolved_ = std::string(original);
+  if (s.unresolved++ == 0) s.first_unresolved = std::string(original);
 }
 
-void PlanFile::clear_locked() {
-  engine_.plan_clear();
-  std::string().swap(partial_);
-  oversized_ = false;
-  oversized_lines_ = 0;
-  size_ = 0;
-  unresolved_ = 0;
-  replacing_ = true;
+void PlanFile::clear_locked(Stream& s) {
+  engine_.plan_clear(s.plan);
+  std::string().swap(s.partial);
+  s.oversized = false;
+  s.oversized_lines = 0;
+  s.size = 0;
+  s.unresolved = 0;
+  s.replacing = true;
 }
 
-void PlanFile::buffer_locked(std::string_view bytes) {
-  if (oversized_) return;  // the rest of a line already refused
-  if (partial_.size() + bytes.size() <= kMaxPlanLineBytes) {
-    partial_.append(bytes);
+void PlanFile::buffer_locked(Writer writer, Stream& s, std::string_view bytes) {
+  if (s.oversized) return;  // the rest of a line already refused
+  if (s.partial.size() + bytes.size() <= kMaxPlanLineBytes) {
+    s.partial.append(bytes);
     return;
   }
   // No path is this long: the line is refused now, its memory given back, and its bytes up to
   // the next newline dropped as they come.
-  oversized_ = true;
-  std::string excerpt = partial_;
+  s.oversized = true;
+  std::string excerpt = s.partial;
   excerpt.append(bytes.substr(0, store::kLogExcerptBytes));
-  std::string().swap(partial_);
-  if (unresolved_++ == 0) first_unresolved_.clear();  // warned about below, not as a path
-  if (oversized_lines_++ == 0) {
+  std::string().swap(s.partial);
+  if (s.unresolved++ == 0) s.first_unresolved.clear();  // warned about below, not as a path
+  if (s.oversized_lines++ == 0) {
     spdlog::warn(
-        "plan: a line longer than {} bytes (no path is) is skipped and counted as unresolved; "
-        "it begins '{}' (logged once per plan)",
-        kMaxPlanLineBytes, store::log_text(excerpt, 64));
+        "plan (writer {}): a line longer than {} bytes (no path is) is skipped and counted as "
+        "unresolved; it begins '{}' (logged once per plan)",
+        writer, kMaxPlanLineBytes, store::log_text(excerpt, 64));
   }
 }
 
-int PlanFile::write(uint64_t offset, std::string_view data) {
+int PlanFile::write(const WriteContext& context, uint64_t offset, std::string_view data) {
+  const Writer writer = context.writer;
   MutexLock lock(mutex_);
-  // Written over from the start without truncating first: a new plan all the same.
-  if (offset == 0 && size_ != 0) clear_locked();
-  if (offset != size_) return EINVAL;  // only whole rewrites and appends mean anything
-  if (size_ == 0) replacing_ = true;
-  const uint64_t unresolved_before = unresolved_;
-  size_ += data.size();
+  Stream* const stream = stream_locked(writer, /*create=*/context.append || offset == 0);
+  if (stream == nullptr) return EINVAL;  // a new writer's plan is empty: 0 is its end
+  Stream& s = *stream;
+  s.last_written = ++write_clock_;
+  if (!context.append) {
+    // Written over from the start without truncating first: a new plan all the same.
+    if (offset == 0 && s.size != 0) clear_locked(s);
+    if (offset != s.size) return EINVAL;  // only whole rewrites and appends mean anything
+  }
+  if (s.size == 0) s.replacing = true;
+  const uint64_t unresolved_before = s.unresolved;
+  s.size += data.size();
   std::vector<prefetch::PrefetchEngine::PlannedFile> resolved;
   while (!data.empty()) {
     const size_t newline = data.find('\n');
     const std::string_view piece = data.substr(0, newline);
     if (newline == std::string_view::npos) {
-      buffer_locked(piece);
+      buffer_locked(writer, s, piece);
       break;
     }
-    if (partial_.empty() && !oversized_ && piece.size() <= kMaxPlanLineBytes) {
-      resolve_locked(piece, resolved);
+    if (s.partial.empty() && !s.oversized && piece.size() <= kMaxPlanLineBytes) {
+      resolve_locked(s, piece, resolved);
     } else {
-      buffer_locked(piece);
-      if (!oversized_) resolve_locked(partial_, resolved);
-      partial_.clear();
-      oversized_ = false;
+      buffer_locked(writer, s, piece);
+      if (!s.oversized) resolve_locked(s, s.partial, resolved);
+      s.partial.clear();
+      s.oversized = false;
     }
     data.remove_prefix(newline + 1);
   }
-  if (unresolved_ > unresolved_before && unresolved_before == 0 && !first_unresolved_.empty()) {
+  if (s.unresolved > unresolved_before && unresolved_before == 0 && !s.first_unresolved.empty()) {
     spdlog::warn(
-        "plan: '{}' names no file of this mount (paths are relative to the mount, "
+        "plan (writer {}): '{}' names no file of this mount (paths are relative to the mount, "
         "starting with the dataset name); such lines are skipped",
-        store::log_text(first_unresolved_));
+        writer, store::log_text(s.first_unresolved));
   }
-  engine_.plan_extend(resolved, replacing_);
-  replacing_ = false;
+  engine_.plan_extend(s.plan, resolved, s.replacing);
+  s.replacing = false;
   return 0;
 }
 
-int PlanFile::truncate(uint64_t size) {
+int PlanFile::truncate(Writer writer, uint64_t size) {
   MutexLock lock(mutex_);
-  if (size == size_) return 0;
+  Stream* const stream = stream_locked(writer, /*create=*/false);
+  // A writer not yet known, with no plan to go on with, has an empty one.
+  if (stream == nullptr) return size == 0 ? 0 : EINVAL;
+  Stream& s = *stream;
+  s.last_written = ++write_clock_;
+  if (size == s.size) return 0;
   if (size != 0) return EINVAL;
-  clear_locked();
+  clear_locked(s);
   return 0;
 }
 
 uint64_t PlanFile::size() const {
   MutexLock lock(mutex_);
-  return size_;
+  uint64_t largest = 0;
+  for (const auto& [writer, s] : streams_) largest = std::max(largest, s.size);
+  return largest;
 }
 
 uint64_t PlanFile::unresolved() const {
   MutexLock lock(mutex_);
-  return unresolved_;
+  uint64_t total = 0;
+  for (const auto& [writer, s] : streams_) total += s.unresolved;
+  return total;
+}
+
+size_t PlanFile::writers() const {
+  MutexLock lock(mutex_);
+  return streams_.size();
 }
 
 }  // namespace dsfs::fs

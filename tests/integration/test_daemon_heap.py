@@ -61,10 +61,11 @@ class DaemonHeapTest(DsfsTestCase):
         self.dsfs("server", "stop", redis=False)
 
     def tearDown(self):
-        try:
-            super().tearDown()
-        finally:
-            run([DSFS, "server", "stop"], env=self.env, check=False)
+        # Before the base class removes DSFS_HOME, or the server could not be told to stop.
+        for mnt in list(self.mounts):
+            run([DSFS, "umount", mnt], env=self.env, check=False)
+        run([DSFS, "server", "stop"], env=self.env, check=False)
+        super().tearDown()
 
     def mount_with(self, tunables):
         env = dict(self.env)

@@ -21,6 +21,8 @@ namespace dsfs::fs {
 namespace {
 
 constexpr int64_t kMtime = 1'600'000'000'000'000'000;
+// The writing process the node tests stand for (writes need one; 0: not known).
+constexpr WriteContext kWriter{};
 
 struct SourceFile {
   std::string path;
@@ -359,18 +361,18 @@ TEST(ControlNode, ThePlanIsTheOneWritableFile) {
   const InodeRef plan = ref_of(node.lookup(ref_of(kControlDirInode), "plan").ino);
   ASSERT_EQ(plan.kind, InodeRef::Kind::kPlan);
   const std::string text = "ds/cats/a.jpg\nds/dogs/c.JPEG\n";
-  ASSERT_EQ(node.write(plan, 0, text), 0);
+  ASSERT_EQ(node.write(plan, 0, text, kWriter), 0);
   EXPECT_EQ(node.stat(plan)->st.st_size, static_cast<off_t>(text.size()));
   EXPECT_EQ(node.stat(plan)->timeout, 0);
-  EXPECT_EQ(node.write(plan, 3, "x\n"), EINVAL);  // neither a rewrite nor an append
-  ASSERT_EQ(node.truncate(plan, 0), 0);
+  EXPECT_EQ(node.write(plan, 3, "x\n", kWriter), EINVAL);  // neither a rewrite nor an append
+  ASSERT_EQ(node.truncate(plan, 0, kWriter), 0);
   EXPECT_EQ(node.stat(plan)->st.st_size, 0);
   ReadReply reply;
   ASSERT_EQ(node.read(plan, 0, 100, reply), 0);
   EXPECT_EQ(reply.size(), 0u);  // write-only
   const Found stats = node.lookup(ref_of(kControlDirInode), "stats.json");
-  EXPECT_EQ(node.write(ref_of(stats.ino), 0, "x"), EROFS);
-  EXPECT_EQ(node.truncate(ref_of(stats.ino), 0), EROFS);
+  EXPECT_EQ(node.write(ref_of(stats.ino), 0, "x", kWriter), EROFS);
+  EXPECT_EQ(node.truncate(ref_of(stats.ino), 0, kWriter), EROFS);
 }
 
 TEST(ControlNode, EachWriteToRefreshIsOneRequestOfDatasetNames) {
@@ -390,20 +392,20 @@ TEST(ControlNode, EachWriteToRefreshIsOneRequestOfDatasetNames) {
   ASSERT_EQ(refresh.kind, InodeRef::Kind::kRefresh);
   EXPECT_EQ(node.stat(refresh)->st.st_mode, S_IFREG | 0200);
   EXPECT_EQ(node.open(refresh), 0);
-  ASSERT_EQ(node.write(refresh, 0, "ds other\n"), 0);
-  ASSERT_EQ(node.write(refresh, 0, "\n"), 0);  // every dataset
-  ASSERT_EQ(node.truncate(refresh, 0), 0);     // O_TRUNC
+  ASSERT_EQ(node.write(refresh, 0, "ds other\n", kWriter), 0);
+  ASSERT_EQ(node.write(refresh, 0, "\n", kWriter), 0);  // every dataset
+  ASSERT_EQ(node.truncate(refresh, 0, kWriter), 0);     // O_TRUNC
   answer = ENOENT;
-  EXPECT_EQ(node.write(refresh, 9, "\tnew\r\n"), ENOENT);  // the refresh's answer
+  EXPECT_EQ(node.write(refresh, 9, "\tnew\r\n", kWriter), ENOENT);  // the refresh's answer
   EXPECT_EQ(requests, (std::vector<std::vector<std::string>>{{"ds", "other"}, {}, {"new"}}));
   // A name that cannot be a dataset's is refused before any refresh.
-  EXPECT_EQ(node.write(refresh, 0, "ds bad/name"), EINVAL);
+  EXPECT_EQ(node.write(refresh, 0, "ds bad/name", kWriter), EINVAL);
   EXPECT_EQ(requests.size(), 3u);
 
   // Without a refresh function (no watcher) the file refuses writes.
   ControlNode bare(
       tree, [] { return std::string("{}"); }, engine);
-  EXPECT_EQ(bare.write(refresh, 0, "ds\n"), EROFS);
+  EXPECT_EQ(bare.write(refresh, 0, "ds\n", kWriter), EROFS);
 }
 
 TEST(MountTree, ListingAReingestedNameKeepsTheOldSnapshotReadableByIndex) {

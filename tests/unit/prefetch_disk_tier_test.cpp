@@ -240,13 +240,47 @@ TEST_F(DiskTierTest, BytesOnDiskStayWithinTheBound) {
   EXPECT_EQ(tier->stats().too_large, 1u);
 }
 
-TEST_F(DiskTierTest, ReadObjectsStayLongerThanUnreadOnes) {
+TEST_F(DiskTierTest, AmongObjectsReadThisEpochTheOneReadFirstGoesFirst) {
   auto tier = open(4 * 4096);
-  fill(*tier, 1, 4, 4000);
-  EXPECT_NE(tier->get(key(1), 4000), nullptr);  // 1 is now the most recently used
+  fill(*tier, 1, 4, 4000);  // demand fetches: read this epoch
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);  // 1 is now the one read last
   fill(*tier, 5, 1, 4000);
   EXPECT_NE(tier->get(key(1), 4000), nullptr);
   EXPECT_EQ(tier->get(key(2), 4000), nullptr);
+}
+
+// A shuffled epoch reads each file once: within an epoch, what was read (or staged into RAM) goes
+// before what is still to be read, however recently it was used; a new epoch puts them level.
+TEST_F(DiskTierTest, WithinAnEpochObjectsReadGoBeforeObjectsStillToBeRead) {
+  auto tier = open(4 * 4096);
+  for (uint64_t i = 1; i <= 4; ++i) {  // prefetched: their readers are still to come
+    ASSERT_TRUE(tier->put(key(i), object(4000, static_cast<unsigned>(i)),
+                          /*read_this_epoch=*/false));
+    tier->flush();
+  }
+  EXPECT_NE(tier->get(key(3), 4000), nullptr);
+  EXPECT_NE(tier->get(key(4), 4000), nullptr);
+  fill(*tier, 5, 2, 4000);  // two demand fetches need room
+  // Least recently used would have been 1 and 2; in an epoch it is 3 and 4, already read.
+  EXPECT_EQ(tier->get(key(3), 4000), nullptr);
+  EXPECT_EQ(tier->get(key(4), 4000), nullptr);
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);
+  EXPECT_NE(tier->get(key(2), 4000), nullptr);
+  EXPECT_EQ(tier->stats().evictions, 2u);
+  // Read this epoch, in this order: 5, 6, 1, 2. A new epoch makes them all still to be read, in
+  // the order they were used; 6 read again is the first read of the new epoch, so it goes first.
+  tier->new_epoch();
+  EXPECT_NE(tier->get(key(6), 4000), nullptr);
+  const auto prefetch = [&](uint64_t i) {
+    ASSERT_TRUE(tier->put(key(i), object(4000, static_cast<unsigned>(i)), false));
+    tier->flush();
+  };
+  prefetch(7);
+  EXPECT_EQ(tier->get(key(6), 4000), nullptr);
+  prefetch(8);  // none read this epoch now: the least recently used goes, 5
+  EXPECT_EQ(tier->get(key(5), 4000), nullptr);
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);
+  EXPECT_NE(tier->get(key(2), 4000), nullptr);
 }
 
 TEST_F(DiskTierTest, OlderGenerationsGoFirst) {

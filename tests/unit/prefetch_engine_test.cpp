@@ -35,6 +35,7 @@ using namespace std::chrono_literals;
 
 constexpr const char* kName = "pe";
 constexpr uint64_t kGeneration = 1;
+constexpr PrefetchEngine::PlanWriter kWriter = 1;  // the plan file's key for the test's plans
 constexpr uint32_t kFiles = 300;
 constexpr uint32_t kClasses = 3;
 
@@ -105,13 +106,13 @@ class PrefetchEngineTest : public ::testing::Test {
 
   // Replaces the plan with files `order` (the plan file in fs/ resolves paths to these).
   void plan(const std::vector<uint32_t>& order) {
-    engine_->plan_clear();
+    engine_->plan_clear(kWriter);
     extend_plan(order, /*new_plan=*/true);
   }
   void extend_plan(const std::vector<uint32_t>& order, bool new_plan = false) {
     std::vector<PrefetchEngine::PlannedFile> files;
     for (const uint32_t i : order) files.push_back({0, entry_of_file(i)});
-    engine_->plan_extend(files, new_plan);
+    engine_->plan_extend(kWriter, files, new_plan);
   }
 
   ~PrefetchEngineTest() override {
@@ -256,7 +257,7 @@ TEST_F(PrefetchEngineTest, APlanIsExtendedInOrderAndReplacedByANewOne) {
   EXPECT_EQ(engine_->stats().plan_entries, 5u);
   plan({7});
   EXPECT_EQ(engine_->stats().plan_entries, 1u);
-  engine_->plan_clear();
+  engine_->plan_clear(kWriter);
   EXPECT_EQ(engine_->stats().plan_entries, 0u);
 }
 

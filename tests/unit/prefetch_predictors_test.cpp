@@ -43,6 +43,9 @@ std::vector<FileId> shuffled(std::vector<FileId> files, uint64_t seed) {
 
 // A prefetcher with unlimited bandwidth and room for `room` files ahead: before each access it
 // takes proposals until `room` are waiting; an access hits when its file was fetched ahead.
+// The writer of a plan when a test has one (the plan file keys plans by the writing process).
+constexpr PlansPredictor::Writer kWriter = 1;
+
 struct Simulation {
   Simulation(PredictionModel& m, size_t r) : model(m), room(r) {}
   PredictionModel& model;
@@ -179,7 +182,7 @@ TEST(Predictors, APlanLeadsAtOnceAndIsFollowedExactly) {
   model.set_lookahead(100);
   Simulation sim{model, 100};
   const std::vector<FileId> order = shuffled(files_of(model.shape()), 5);
-  for (const FileId f : order) model.plan_append(f);
+  for (const FileId f : order) model.plan_append(kWriter, f);
   model.plan_published(true);
   EXPECT_EQ(model.leader(), "plan");
   for (const FileId f : order) sim.access(f);
@@ -192,7 +195,7 @@ TEST(Predictors, APlanReadByWorkersOutOfOrderStillLeads) {
   model.set_lookahead(1000);
   Simulation sim{model, 1000};
   const std::vector<FileId> order = shuffled(files_of(model.shape()), 6);
-  for (const FileId f : order) model.plan_append(f);
+  for (const FileId f : order) model.plan_append(kWriter, f);
   model.plan_published(true);
   // 8 workers, batches of 64 each, interleaved.
   for (size_t base = 0; base + 512 <= order.size(); base += 512) {
@@ -209,10 +212,89 @@ TEST(Predictors, APlanTheLoaderIgnoresLosesTheLead) {
   model.set_lookahead(100);
   Simulation sim{model, 100};
   const std::vector<FileId> files = files_of(model.shape());
-  for (const FileId f : shuffled(files, 7)) model.plan_append(f);
+  for (const FileId f : shuffled(files, 7)) model.plan_append(kWriter, f);
   model.plan_published(true);
   for (size_t i = 0; i < 300; ++i) sim.access(files[i]);  // but it reads in directory order
   EXPECT_EQ(model.leader(), "sequential");
+}
+
+// Two DDP ranks on one mount: each writes its half of the epoch as its own plan and reads it at
+// its own pace; every read of either was fetched ahead.
+TEST(Predictors, TwoWritersPlansAreEachFollowedAtTheirOwnPosition) {
+  PredictionModel model(shape_with(3000));
+  model.set_lookahead(200);
+  Simulation sim{model, 200};
+  const std::vector<FileId> order = shuffled(files_of(model.shape()), 12);
+  const std::vector<FileId> rank0(order.begin(), order.begin() + 1500);
+  const std::vector<FileId> rank1(order.begin() + 1500, order.end());
+  for (const FileId f : rank0) model.plan_append(1, f);
+  model.plan_published(true);
+  for (const FileId f : rank1) model.plan_append(2, f);
+  model.plan_published(true);
+  EXPECT_EQ(model.plan().writers(), 2u);
+  EXPECT_EQ(model.plan().entries(), 3000u);
+  EXPECT_EQ(model.leader(), "plan");
+  // Rank 1 reads twice as fast as rank 0 for a while, then rank 0 catches up.
+  size_t next0 = 0;
+  size_t next1 = 0;
+  while (next1 < rank1.size()) {
+    sim.access(rank1[next1++]);
+    if (next1 < rank1.size()) sim.access(rank1[next1++]);
+    if (next0 < rank0.size()) sim.access(rank0[next0++]);
+  }
+  while (next0 < rank0.size()) sim.access(rank0[next0++]);
+  EXPECT_EQ(sim.hits, sim.accesses);
+  EXPECT_EQ(model.plan().position(), 3000u);
+}
+
+// A second writer does not replace the first one's plan, and forgetting a writer drops only its
+// plan.
+TEST(Predictors, AWritersPlanIsClearedAndForgottenAloneAndItsShareOfTheLookaheadReturns) {
+  PredictionModel model(shape_with(1000));
+  model.set_lookahead(100);
+  const std::vector<FileId> order = shuffled(files_of(model.shape()), 13);
+  for (size_t i = 0; i < 500; ++i) model.plan_append(1, order[i]);
+  model.plan_published(true);
+  for (size_t i = 500; i < 1000; ++i) model.plan_append(2, order[i]);
+  model.plan_published(true);
+  // With two plans, each gets half the lookahead: 50 proposals from each, 100 in all.
+  std::unordered_set<FileId> proposed;
+  while (const std::optional<Proposal> p = model.propose()) proposed.insert(p->file);
+  EXPECT_EQ(proposed.size(), 100u);
+  for (size_t i = 0; i < 50; ++i) {
+    EXPECT_TRUE(proposed.count(order[i])) << i;
+    EXPECT_TRUE(proposed.count(order[500 + i])) << i;
+  }
+  model.plan_clear(1);
+  EXPECT_EQ(model.plan().entries(), 500u);
+  model.plan_forget(1);
+  model.plan_forget(2);
+  EXPECT_EQ(model.plan().writers(), 0u);
+  EXPECT_FALSE(model.propose());
+  // A plan alone again has the whole lookahead.
+  for (size_t i = 0; i < 1000; ++i) model.plan_append(3, order[i]);
+  model.plan_published(true);
+  proposed.clear();
+  while (const std::optional<Proposal> p = model.propose()) proposed.insert(p->file);
+  EXPECT_EQ(proposed.size(), 100u);
+}
+
+// A file listed by two plans (DistributedSampler pads the last ranks with repeats) counts against
+// the plan that expects it soonest.
+TEST(Predictors, AFileInTwoPlansCountsAgainstThePlanThatExpectsItSoonest) {
+  PredictionModel model(shape_with(100));
+  model.set_lookahead(10);
+  const std::vector<FileId> files = files_of(model.shape());
+  // Plan 1 lists files[50] last; plan 2 lists it first.
+  for (size_t i = 0; i <= 50; ++i) model.plan_append(1, files[i]);
+  model.plan_append(2, files[50]);
+  for (size_t i = 51; i < 100; ++i) model.plan_append(2, files[i]);
+  model.plan_published(true);
+  model.observe(files[50]);
+  // Plan 2 moved on; plan 1 still expects files[50] after its first 50.
+  EXPECT_EQ(model.plan().position(), 1u);
+  for (size_t i = 0; i < 50; ++i) model.observe(files[i]);
+  EXPECT_EQ(model.plan().position(), 51u);
 }
 
 TEST(Predictors, ReplacingThePlanBeginsANewEpoch) {
@@ -222,7 +304,7 @@ TEST(Predictors, ReplacingThePlanBeginsANewEpoch) {
   for (const FileId f : files) model.observe(f);
   EXPECT_EQ(model.epochs().epoch(), 1u);
   const std::vector<FileId> next = shuffled(files, 8);
-  for (const FileId f : next) model.plan_append(f);
+  for (const FileId f : next) model.plan_append(kWriter, f);
   model.plan_published(true);
   EXPECT_EQ(model.epochs().epoch(), 2u);
   // Files read last epoch are proposed again at once, in the plan's order.

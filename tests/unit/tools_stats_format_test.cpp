@@ -41,7 +41,7 @@ Json full_sample() {
       "rtt_ms": 100.25,
       "consumption_files_per_s": 1786.04,
       "connections": 8,
-      "plan": {"entries": 1281167, "unresolved": 3, "position": 12345},
+      "plan": {"entries": 1281167, "unresolved": 3, "position": 12345, "writers": 8},
       "predictors": [{"name": "plan", "score": 0.991, "foreseen": 1000, "scored": 1010},
                      {"name": "sequential", "score": 0.02, "foreseen": 2, "scored": 100},
                      {"name": "unread-set", "score": 0.5}]
@@ -72,7 +72,7 @@ TEST(StatsFormatTest, SummarizesEveryPrefetchFigure) {
   EXPECT_EQ(line_of(summary, "redis"), "redis      rtt 100.2 ms  connections 8");
   EXPECT_EQ(line_of(summary, "consuming"), "consuming  1786.0 files/s");
   EXPECT_EQ(line_of(summary, "plan"),
-            "plan       1,281,167 entries  3 unresolved  position 12,345");
+            "plan       1,281,167 entries  3 unresolved  position 12,345  writers 8");
   EXPECT_EQ(line_of(summary, "predictors"),
             "predictors plan 0.99 (1,000/1,010)  sequential 0.02 (2/100)  unread-set 0.50");
   EXPECT_EQ(line_of(summary, "cache"), "cache      536.9 MB of 1.1 GB (50.0%)  4,321 objects");
@@ -123,7 +123,7 @@ TEST(StatsFormatTest, MissingFieldsPrintAsADash) {
   EXPECT_EQ(line_of(summary, "bytes"), "bytes      prefetched -  used -  wasted -");
   EXPECT_EQ(line_of(summary, "in flight"), "in flight  64 objects (7.0 MB)  target -  max 512");
   EXPECT_EQ(line_of(summary, "redis"), "redis      rtt -  connections 8");
-  EXPECT_EQ(line_of(summary, "plan"), "plan       - entries  - unresolved  position -");
+  EXPECT_EQ(line_of(summary, "plan"), "plan       - entries  - unresolved  position -  writers -");
   EXPECT_EQ(line_of(summary, "predictors"), "predictors -");
   EXPECT_EQ(line_of(summary, "cache"), "cache      536.9 MB of -  4,321 objects");
 }

@@ -4,7 +4,9 @@ A dsfs mount predicts the order of the coming reads; a loader that knows it can 
 writing the paths to MOUNT/.dsfs/plan. PlanSampler does that for any sampler: each epoch it draws
 the whole order first, writes the matching files to the plan in one write, then hands the
 indices to the DataLoader. It runs in the main process (where the DataLoader draws indices), so
-it works with any num_workers.
+it works with any num_workers. The mount keeps a plan per writing process, so DDP ranks sharing
+one mount (PlanSampler over a DistributedSampler in each) are each fetched for at their own
+position.
 
     from torch.utils.data import DataLoader
     from torchvision import datasets
