@@ -161,7 +161,7 @@ class DiskTier {
     size_t operator()(const FileId& id) const;
   };
   struct Entry {
-    uint64_t bytes = 0;  // on disk, rounded up to 4 KiB
+    uint64_t bytes = 0;            // on disk, rounded up to 4 KiB
     bool read_this_epoch = false;  // in read_this_epoch_, not lru_
     std::list<FileId>::iterator lru;
   };

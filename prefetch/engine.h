@@ -109,8 +109,8 @@ struct EngineStats {
   double files_per_s = 0;
   size_t connections = 0;
   uint64_t gets = 0;
-  uint64_t disk_reads = 0;  // prefetches staged from the disk tier, not Redis
-  uint64_t failures = 0;    // prefetches given up (Redis errors, bad data)
+  uint64_t disk_reads = 0;     // prefetches staged from the disk tier, not Redis
+  uint64_t failures = 0;       // prefetches given up (Redis errors, bad data)
   uint64_t plan_entries = 0;   // every writer's plan together
   uint64_t plan_position = 0;  // entries read, every writer's plan together
   uint64_t plan_writers = 0;   // writers with a plan
