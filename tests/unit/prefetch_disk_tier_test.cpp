@@ -242,7 +242,7 @@ TEST_F(DiskTierTest, BytesOnDiskStayWithinTheBound) {
 
 TEST_F(DiskTierTest, AmongObjectsReadThisEpochTheOneReadFirstGoesFirst) {
   auto tier = open(4 * 4096);
-  fill(*tier, 1, 4, 4000);  // demand fetches: read this epoch
+  fill(*tier, 1, 4, 4000);                      // demand fetches: read this epoch
   EXPECT_NE(tier->get(key(1), 4000), nullptr);  // 1 is now the one read last
   fill(*tier, 5, 1, 4000);
   EXPECT_NE(tier->get(key(1), 4000), nullptr);
