@@ -265,10 +265,13 @@ struct Handlers {
     return {ref, fs.node(ref.kind)};
   }
 
-  // The process a request came from: the writer whose plan a write to .dsfs/plan is part of.
+  // The process a request came from (its ctx names the thread): the writer whose plan a write
+  // to .dsfs/plan is part of.
   static uint64_t writer_of(fuse_req_t req) {
     const fuse_ctx* context = fuse_req_ctx(req);
-    return context != nullptr && context->pid > 0 ? static_cast<uint64_t>(context->pid) : 0;
+    return context != nullptr && context->pid > 0
+               ? PlanFile::process_of_thread(static_cast<uint64_t>(context->pid))
+               : 0;
   }
 
   static std::optional<Attributes> stat(Filesystem& fs, uint64_t ino) {

@@ -1,11 +1,15 @@
 #include "fs/nodes/plan_file.h"
 
+#include <fmt/core.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <climits>
+#include <fstream>
+#include <string>
 
 #include "src/store/log_text.h"
 
@@ -15,6 +19,20 @@ bool PlanFile::process_exists(Writer writer) {
   if (writer == 0) return true;                             // not known: never taken for gone
   if (writer > static_cast<Writer>(INT_MAX)) return false;  // no process has such an id
   return ::kill(static_cast<pid_t>(writer), 0) == 0 || errno != ESRCH;
+}
+
+PlanFile::Writer PlanFile::process_of_thread(Writer thread) {
+  if (thread == 0) return 0;
+  std::ifstream status(fmt::format("/proc/{}/status", thread));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!line.starts_with("Tgid:")) continue;
+    Writer process = 0;
+    const char* begin = line.data() + line.find_first_not_of(" \t", 5);
+    const auto [end, error] = std::from_chars(begin, line.data() + line.size(), process);
+    return error == std::errc() && process > 0 ? process : thread;
+  }
+  return thread;
 }
 
 void PlanFile::set_line_mapper(LineMapper mapper) {

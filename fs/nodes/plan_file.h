@@ -52,6 +52,10 @@ class PlanFile {
   // Whether `writer` may still write (by default: its process exists, or it is 0, unknown).
   using Liveness = std::function<bool(Writer writer)>;
   static bool process_exists(Writer writer);
+  // The process (thread group) a FUSE request's thread belongs to: the kernel sends the calling
+  // thread's id, and a loader's threads (dsfs bench writes each epoch's plan from another one)
+  // write one plan. The id itself when /proc does not say (the thread is gone).
+  static Writer process_of_thread(Writer thread);
 
   PlanFile(const MountTree& tree, prefetch::PrefetchEngine& engine,
            Liveness alive = &PlanFile::process_exists)

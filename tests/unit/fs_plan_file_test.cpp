@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fs/node.h"
@@ -246,6 +247,24 @@ uint64_t gone_process() {
   int status = 0;
   EXPECT_EQ(::waitpid(child, &status, 0), child);
   return static_cast<uint64_t>(child);
+}
+
+// The kernel names a request's thread, not its process: every thread of a process is one writer
+// (dsfs bench --plan writes each epoch's plan from another thread; it had two plans).
+TEST(PlanFileWriter, EveryThreadOfAProcessIsThatProcess) {
+  const auto self = static_cast<PlanFile::Writer>(::getpid());
+  EXPECT_EQ(PlanFile::process_of_thread(self), self);
+  PlanFile::Writer from_thread = 0;
+  PlanFile::Writer thread_id = 0;
+  std::thread([&] {
+    thread_id = static_cast<PlanFile::Writer>(::gettid());
+    from_thread = PlanFile::process_of_thread(thread_id);
+  }).join();
+  EXPECT_NE(thread_id, self);
+  EXPECT_EQ(from_thread, self);
+  EXPECT_EQ(PlanFile::process_of_thread(0), 0u);
+  const PlanFile::Writer no_such = PlanFile::Writer{1} << 40;  // above any pid
+  EXPECT_EQ(PlanFile::process_of_thread(no_such), no_such);
 }
 
 TEST_F(PlanFileTest, InterleavedWritersEachKeepTheirOwnPlan) {
