@@ -1,6 +1,7 @@
 // MOUNT/.dsfs/plan: any bytes, in writes split where the input says (as FUSE delivers them),
 // resolved against a small catalogue. Never a crash, and the plan's size is what was written.
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstddef>
@@ -60,10 +61,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const size_t piece = 1 + data[0] % 64;
   std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (plan.truncate(0) != 0) __builtin_trap();
+  // One writer (the plan file keeps a stream per writing process; this process is alive, so
+  // its stream is never taken for a gone writer's).
+  const fs::WriteContext writer{.writer = static_cast<uint64_t>(::getpid())};
+  if (plan.truncate(writer.writer, 0) != 0) __builtin_trap();
   while (!rest.empty()) {
     const std::string_view write = rest.substr(0, piece);
-    if (plan.write(plan.size(), write) != 0) __builtin_trap();
+    if (plan.write(writer, plan.size(), write) != 0) __builtin_trap();
     rest.remove_prefix(write.size());
   }
   if (plan.size() != size - 1) __builtin_trap();
