@@ -171,7 +171,8 @@ std::filesystem::path objects_dir_of(const std::filesystem::path& dir) {
   return objects;
 }
 
-// Calls visit(dir_fd, name) for every entry of the 256 subdirectories of `objects`.
+// Calls visit(subdirectory number, dir_fd, name) for every entry of the 256 subdirectories of
+// `objects` (a subdirectory that does not exist is skipped).
 template <typename Visit>
 void for_each_entry(const std::filesystem::path& objects, Visit visit) {
   for (unsigned sub = 0; sub < 256; ++sub) {
@@ -185,7 +186,7 @@ void for_each_entry(const std::filesystem::path& objects, Visit visit) {
     const int dir_fd = ::dirfd(listing.get());
     while (const dirent* file = ::readdir(listing.get())) {
       const std::string_view name = file->d_name;
-      if (name != "." && name != "..") visit(dir_fd, file->d_name);
+      if (name != "." && name != "..") visit(sub, dir_fd, file->d_name);
     }
   }
 }
@@ -213,7 +214,7 @@ DiskTierContents inspect_disk_tier(const std::filesystem::path& dir) {
   };
   std::map<std::pair<uint64_t, uint64_t>, Group> groups;  // (dataset hash, generation)
   std::map<uint64_t, std::string> names;                  // dataset hash -> name
-  for_each_entry(objects, [&](int dir_fd, const char* file) {
+  for_each_entry(objects, [&](unsigned /*sub*/, int dir_fd, const char* file) {
     const std::string_view name = file;
     if (name.ends_with(kTempSuffix)) {
       ++contents.temp_files;
@@ -272,7 +273,7 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir) {
                                          std::strerror(lock_error)));
   }
   uint64_t removed = 0;
-  for_each_entry(objects, [&](int dir_fd, const char* file) {
+  for_each_entry(objects, [&](unsigned /*sub*/, int dir_fd, const char* file) {
     std::string_view name = file;
     const bool temp = name.ends_with(kTempSuffix);
     if (temp) name.remove_suffix(kTempSuffix.size());
@@ -380,39 +381,26 @@ void DiskTier::rebuild_index() {
   };
   std::vector<Found> found;
   // readdir and fstatat on each of the 256 subdirectories: no path is built per file.
-  for (unsigned sub = 0; sub < 256; ++sub) {
-    const std::filesystem::path subdir = objects_dir_ / fmt::format("{:02x}", sub);
-    const std::unique_ptr<DIR, DirCloser> listing(::opendir(subdir.c_str()));
-    if (!listing) {
-      if (errno == ENOENT || errno == ENOTDIR) continue;
-      throw std::runtime_error(
-          fmt::format("cannot list the disk cache {}: {}", subdir.string(), std::strerror(errno)));
+  for_each_entry(objects_dir_, [&](unsigned sub, int dir_fd, const char* file) {
+    const std::string_view name = file;
+    if (name.ends_with(kTempSuffix)) {
+      // A write a killed daemon never finished: never renamed, so never an object.
+      if (::unlinkat(dir_fd, file, 0) == 0) ++stats_.stale_temp_files;
+      return;
     }
-    const int dir_fd = ::dirfd(listing.get());
-    while (const dirent* file = ::readdir(listing.get())) {
-      const std::string_view name = file->d_name;
-      if (name.ends_with(kTempSuffix)) {
-        // A write a killed daemon never finished: never renamed, so never an object.
-        if (::unlinkat(dir_fd, file->d_name, 0) == 0) ++stats_.stale_temp_files;
-        continue;
-      }
-      const std::optional<ObjectName> parsed = parse_object_name(name);
-      if (!parsed) continue;  // not ours: left alone
-      const FileId id{.dataset = parsed->dataset,
-                      .generation = parsed->generation,
-                      .object_id = parsed->object_id,
-                      .chunk = parsed->chunk};
-      if ((FileIdHash{}(id)&0xff) != sub) continue;  // in the wrong subdirectory: not ours
-      struct stat st {};
-      if (::fstatat(dir_fd, file->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
-        continue;
-      }
-      found.push_back(
-          Found{.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
-                .id = id,
-                .bytes = on_disk_bytes(static_cast<uint64_t>(st.st_size))});
-    }
-  }
+    const std::optional<ObjectName> parsed = parse_object_name(name);
+    if (!parsed) return;  // not ours: left alone
+    const FileId id{.dataset = parsed->dataset,
+                    .generation = parsed->generation,
+                    .object_id = parsed->object_id,
+                    .chunk = parsed->chunk};
+    if ((FileIdHash{}(id)&0xff) != sub) return;  // in the wrong subdirectory: not ours
+    struct stat st {};
+    if (::fstatat(dir_fd, file, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return;
+    found.push_back(Found{.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+                          .id = id,
+                          .bytes = on_disk_bytes(static_cast<uint64_t>(st.st_size))});
+  });
   // Oldest written first: the best guess at least recently used.
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.mtime_ns < b.mtime_ns; });
