@@ -151,7 +151,9 @@ nlohmann::ordered_json disk_tier_json(const std::optional<prefetch::DiskTierStat
           {"evictions", t.evictions},
           {"too_large", t.too_large},
           {"queued_bytes", t.queued_bytes},
-          {"stale_temp_files", t.stale_temp_files}};
+          {"stale_temp_files", t.stale_temp_files},
+          {"index_loaded", t.index_loaded},
+          {"open_seconds", t.open_seconds}};
 }
 
 nlohmann::ordered_json views_json(const ViewStats& v) {

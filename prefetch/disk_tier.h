@@ -4,12 +4,16 @@
 // A disk problem never fails a read and never returns wrong bytes: every file carries its key,
 // length and checksum, and anything that does not check out is dropped and reported as not found,
 // so the caller goes to Redis.
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,6 +42,8 @@ struct DiskTierOptions {
   uint64_t capacity_bytes = 0;
   // Payload bytes waiting to be written; past it, new writes are dropped (and counted).
   uint64_t queue_bytes = uint64_t{64} << 20;
+  // Threads that list and stat the object files at open when there is no saved index.
+  unsigned scan_threads = 16;
 };
 
 struct DiskTierStats {
@@ -57,6 +63,8 @@ struct DiskTierStats {
   uint64_t too_large = 0;  // objects larger than the whole tier: not written
   uint64_t queued_bytes = 0;
   uint64_t stale_temp_files = 0;  // half-written files of a killed daemon, removed at open
+  bool index_loaded = false;      // the open read DIR/index instead of listing the objects
+  double open_seconds = 0;        // building the index at open
 };
 
 // Another dsfs mount holds the directory.
@@ -95,8 +103,10 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // A directory of object files, one per object: DIR/objects/XX/NAME holds a header (magic,
 // version, the full key, payload length and XXH64, the header's own XXH64) then the payload.
 // Written as NAME.tmp and renamed, so a killed writer leaves only temp files, removed at the next
-// open. The index (key -> size, LRU order) lives in memory and is rebuilt at open from readdir
-// and stat alone (no payload is read; the first read of each file checks it). An flock on
+// open. The index (key -> size, LRU order) lives in memory. A clean close saves it as DIR/index,
+// which the next open reads (and removes at once, so that a daemon killed later leaves none that
+// would miss its writes); without a whole one the index is rebuilt from readdir and stat alone.
+// No payload is read either way: the first read of each file checks it. An flock on
 // DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is
 // epoch-aware, like the RAM cache's: objects of a generation older than the newest one seen of
 // the same dataset go first, then objects read this epoch (oldest read first), then the others
@@ -115,7 +125,8 @@ class DiskTier {
   // (so it can be opened before a fork). Throws DiskTierLocked when another process holds DIR,
   // std::runtime_error naming the path for any other failure.
   explicit DiskTier(DiskTierOptions options);
-  // Finishes the queued writes (if started), then stops the writer and releases the lock.
+  // Finishes the queued writes (if started), stops the writer, saves the index as DIR/index (in
+  // the process that started the writer, or opened the tier if none did), releases the lock.
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
@@ -172,9 +183,25 @@ class DiskTier {
     bool read_this_epoch = true;
   };
 
+  // An object file the index will hold, in eviction order.
+  struct Found {
+    FileId id;
+    uint64_t bytes = 0;
+  };
+
   static FileId id_of(const DiskTierKey& key);
   std::filesystem::path path_of(const FileId& id) const;
+  // Builds the index at open: from DIR/index when a clean close left a whole one, else from the
+  // directory listing (removing unfinished writes); then evicts down to the capacity.
   void rebuild_index();
+  std::filesystem::path index_path() const;
+  // DIR/index's entries, removing the file; nullopt (logged) when there is none or it does not
+  // check out.
+  std::optional<std::vector<Found>> load_index();
+  // Every object file in DIR/objects, oldest written first; removes unfinished writes.
+  std::vector<Found> scan_objects();
+  // Writes DIR/index (temp file + rename); logs and leaves none on failure.
+  void save_index() const;
   void writer_loop();
   // Writes one object (evicting first so that it fits); false after logging on failure.
   void write_one(const Write& write);
@@ -193,6 +220,7 @@ class DiskTier {
   const DiskTierOptions options_;
   const std::filesystem::path objects_dir_;
   int lock_fd_ = -1;
+  pid_t owner_pid_ = ::getpid();  // who saves the index: not a parent that forked the daemon
 
   mutable std::mutex mutex_;
   std::condition_variable work_;  // the writer waits for queued writes or stop

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -59,6 +61,8 @@ class DiskTierTest : public ::testing::Test {
     }
   }
 
+  std::filesystem::path index_path() const { return dir_.path() / "tier" / "index"; }
+
   test::TempDir dir_{"dsfs-disk-tier"};
 };
 
@@ -98,11 +102,82 @@ TEST_F(DiskTierTest, TheIndexSurvivesCloseAndReopen) {
     auto tier = open();
     fill(*tier, 1, 10, 3000);
   }
+  EXPECT_TRUE(std::filesystem::exists(index_path()));  // saved by the clean close
   auto tier = open();
   const DiskTierStats stats = tier->stats();
+  EXPECT_TRUE(stats.index_loaded);
   EXPECT_EQ(stats.entries, 10u);
   EXPECT_EQ(stats.bytes_used, 10 * 4096u);
+  // Used once: while the tier is open, no index on disk could miss its writes.
+  EXPECT_FALSE(std::filesystem::exists(index_path()));
   for (uint64_t i = 1; i <= 10; ++i) {
+    EXPECT_EQ(bytes_of(tier->get(key(i), 3000)), test::pattern_bytes(3000, i)) << i;
+  }
+}
+
+TEST_F(DiskTierTest, ADamagedIndexIsIgnoredAndTheObjectsListed) {
+  for (const char* damage : {"flip", "truncate", "empty", "other version"}) {
+    SCOPED_TRACE(damage);
+    std::filesystem::remove_all(dir_.path() / "tier");
+    {
+      auto tier = open();
+      fill(*tier, 1, 5, 3000);
+    }
+    std::string index = test::read_file(index_path());
+    ASSERT_EQ(index.size(), 24u + 5 * 40 + 8);
+    if (std::string_view(damage) == "flip") index[24 + 2 * 40 + 3] ^= 1;
+    if (std::string_view(damage) == "truncate") index.resize(index.size() - 40);
+    if (std::string_view(damage) == "empty") index.clear();
+    if (std::string_view(damage) == "other version") index[8] = 2;
+    test::write_file(index_path(), index);
+    auto tier = open();
+    EXPECT_FALSE(tier->stats().index_loaded);
+    EXPECT_EQ(tier->stats().entries, 5u);
+    EXPECT_FALSE(std::filesystem::exists(index_path()));
+    for (uint64_t i = 1; i <= 5; ++i) {
+      EXPECT_EQ(bytes_of(tier->get(key(i), 3000)), test::pattern_bytes(3000, i)) << i;
+    }
+  }
+}
+
+TEST_F(DiskTierTest, TheSavedIndexKeepsTheEvictionOrder) {
+  {
+    auto tier = open();
+    fill(*tier, 1, 4, 4000);
+    ASSERT_NE(tier->get(key(1), 4000), nullptr);  // written first, but used last
+  }
+  // Listing the files would take the oldest written (1) for the least recently used.
+  auto tier = open(3 * 4096);
+  ASSERT_TRUE(tier->stats().index_loaded);
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);
+  EXPECT_EQ(tier->get(key(2), 4000), nullptr);
+  EXPECT_NE(tier->get(key(3), 4000), nullptr);
+  EXPECT_NE(tier->get(key(4), 4000), nullptr);
+}
+
+TEST_F(DiskTierTest, AKilledDaemonLeavesNoIndexThatMissesItsWrites) {
+  {
+    auto tier = open();
+    fill(*tier, 1, 3, 3000);
+  }
+  ASSERT_TRUE(std::filesystem::exists(index_path()));
+  // A daemon that opens the tier (taking the saved index), writes more and is killed: no
+  // destructor runs, as with SIGKILL.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto tier = open();
+    for (uint64_t i = 4; i <= 6; ++i) tier->put(key(i), object(3000, static_cast<unsigned>(i)));
+    tier->flush();
+    ::_exit(tier->stats().index_loaded && tier->stats().writes == 3 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto tier = open();
+  EXPECT_FALSE(tier->stats().index_loaded);
+  EXPECT_EQ(tier->stats().entries, 6u);
+  for (uint64_t i = 1; i <= 6; ++i) {
     EXPECT_EQ(bytes_of(tier->get(key(i), 3000)), test::pattern_bytes(3000, i)) << i;
   }
 }
@@ -345,6 +420,8 @@ TEST_F(DiskTierTest, TempFilesOfAKilledWriterAreRemovedNotServed) {
     std::filesystem::create_directories(temp.parent_path());
     std::filesystem::copy_file(tier->path_of(key(1)), temp);
   }
+  // Killed: its clean close's index is not there.
+  std::filesystem::remove(index_path());
   auto tier = open();
   EXPECT_FALSE(std::filesystem::exists(temp));
   EXPECT_EQ(tier->stats().stale_temp_files, 1u);

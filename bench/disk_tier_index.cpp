@@ -1,0 +1,119 @@
+// How long a disk tier takes to open with N objects: loading the index a clean close saved
+// (DIR/index) against listing and stat'ing every object file, each with the kernel's caches
+// dropped first (a mount after a reboot) and warm (a remount). Fills DIR with N tiny objects
+// first if it holds fewer. Writes JSON; bench/disk_tier_index.py plots it.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "prefetch/disk_tier.h"
+
+namespace {
+
+using dsfs::prefetch::DiskTier;
+using dsfs::prefetch::DiskTierKey;
+using dsfs::prefetch::DiskTierOptions;
+
+// Writes back dirty pages, then drops the page, dentry and inode caches (root only).
+bool drop_caches() {
+  ::sync();
+  std::ofstream control("/proc/sys/vm/drop_caches");
+  control << "3\n";
+  return static_cast<bool>(control);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Time a disk tier's open with N objects: saved index vs listing the directory"};
+  std::string dir;
+  uint64_t objects = 1'281'167;
+  unsigned rounds = 3;
+  std::string json_path;
+  std::vector<unsigned> scan_threads = {1, 16};
+  app.add_option("DIR", dir, "the tier's directory (on the disk to measure, not tmpfs)")
+      ->required();
+  app.add_option("--objects", objects, "objects in the tier (ImageNet train: 1281167)");
+  app.add_option("--rounds", rounds, "opens per case; the median is reported");
+  app.add_option("--json", json_path, "write the results here");
+  app.add_option("--scan-threads", scan_threads, "listing threads to compare (without an index)")
+      ->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+
+  const DiskTierOptions options{.dir = dir, .capacity_bytes = objects * 8192 + (64 << 20)};
+  const std::string payload(64, 'x');
+  {
+    auto tier = std::make_unique<DiskTier>(options);
+    tier->start();
+    for (uint64_t id = tier->stats().entries; id < objects; ++id) {
+      // Skips ids already there (put() says so); the queue is flushed every 10,000.
+      tier->put(DiskTierKey{.dataset = "bench", .generation = 1, .object_id = id},
+                std::make_shared<const dsfs::prefetch::ObjectData>(payload));
+      if (id % 10000 == 0) {
+        tier->flush();
+        fmt::print(stderr, "\rfilling: {} of {}", id, objects);
+      }
+    }
+    tier->flush();
+    fmt::print(stderr, "\rfilled: {} objects{:20}\n", tier->stats().entries, "");
+  }
+
+  nlohmann::ordered_json out{
+      {"objects", objects}, {"dir", dir}, {"cases", nlohmann::json::array()}};
+  bool dropped = true;
+  // (saved index?, listing threads); the index case lists nothing.
+  std::vector<std::pair<bool, unsigned>> kinds = {{true, 0}};
+  for (const unsigned threads : scan_threads) kinds.emplace_back(false, threads);
+  for (const bool cold : {true, false}) {
+    for (const auto& [with_index, threads] : kinds) {
+      std::vector<double> seconds;
+      uint64_t entries = 0;
+      for (unsigned round = 0; round < rounds; ++round) {
+        // Each close saves the index again; the listing cases remove it before opening.
+        if (!with_index) std::filesystem::remove(std::filesystem::path(dir) / "index");
+        if (cold) dropped = drop_caches() && dropped;
+        DiskTierOptions open_options = options;
+        open_options.scan_threads = std::max(threads, 1u);
+        const auto start = std::chrono::steady_clock::now();
+        DiskTier tier(open_options);
+        seconds.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        entries = tier.stats().entries;
+        if (tier.stats().index_loaded != with_index) {
+          fmt::print(stderr, "the open {} the index\n", with_index ? "did not load" : "loaded");
+          return 1;
+        }
+      }
+      std::vector<double> sorted = seconds;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      const std::string name = with_index
+                                   ? fmt::format("saved index, {}", cold ? "cold" : "warm")
+                                   : fmt::format("listing ({} thread{}), {}", threads,
+                                                 threads == 1 ? "" : "s", cold ? "cold" : "warm");
+      fmt::print("{:28} {:8.2f} s (median of {}; {} objects)\n", name, median, rounds, entries);
+      out["cases"].push_back({{"case", name},
+                              {"index", with_index},
+                              {"scan_threads", threads},
+                              {"cold", cold},
+                              {"median_s", median},
+                              {"seconds", seconds},
+                              {"entries", entries}});
+    }
+  }
+  out["caches_dropped"] = dropped;
+  if (!dropped) fmt::print(stderr, "warning: could not drop the caches (not root?)\n");
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
+  return 0;
+}
