@@ -1,7 +1,7 @@
 // How long a disk tier takes to open with N objects: loading the index a clean close saved
 // (DIR/index) against listing and stat'ing every object file, each with the kernel's caches
 // dropped first (a mount after a reboot) and warm (a remount). Fills DIR with N tiny objects
-// first if it holds fewer. Writes JSON; bench/disk_tier_index.py plots it.
+// first if it holds fewer. Then the write-behind rate with 1 and 4 writer threads. Writes JSON.
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   unsigned rounds = 3;
   std::string json_path;
   std::vector<unsigned> scan_threads = {1, 16};
+  std::vector<unsigned> writer_threads = {1, 4};
+  uint64_t write_objects = 2000;
+  uint64_t write_size = 110'000;
   app.add_option("DIR", dir, "the tier's directory (on the disk to measure, not tmpfs)")
       ->required();
   app.add_option("--objects", objects, "objects in the tier (ImageNet train: 1281167)");
@@ -49,11 +52,16 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here");
   app.add_option("--scan-threads", scan_threads, "listing threads to compare (without an index)")
       ->delimiter(',');
+  app.add_option("--writers", writer_threads, "write-behind threads to compare")->delimiter(',');
+  app.add_option("--write-objects", write_objects, "objects written per write-behind round");
+  app.add_option("--write-size", write_size, "bytes per object written (ImageNet's mean: 110 KB)");
+  bool writes_only = false;
+  app.add_flag("--writes-only", writes_only, "only the write-behind cases (no 1.28 M-object fill)");
   CLI11_PARSE(app, argc, argv);
 
   const DiskTierOptions options{.dir = dir, .capacity_bytes = objects * 8192 + (64 << 20)};
   const std::string payload(64, 'x');
-  {
+  if (!writes_only) {
     auto tier = std::make_unique<DiskTier>(options);
     tier->start();
     for (uint64_t id = tier->stats().entries; id < objects; ++id) {
@@ -75,7 +83,7 @@ int main(int argc, char** argv) {
   // (saved index?, listing threads); the index case lists nothing.
   std::vector<std::pair<bool, unsigned>> kinds = {{true, 0}};
   for (const unsigned threads : scan_threads) kinds.emplace_back(false, threads);
-  for (const bool cold : {true, false}) {
+  for (const bool cold : writes_only ? std::vector<bool>{} : std::vector<bool>{true, false}) {
     for (const auto& [with_index, threads] : kinds) {
       std::vector<double> seconds;
       uint64_t entries = 0;
@@ -112,6 +120,51 @@ int main(int argc, char** argv) {
                               {"entries", entries}});
     }
   }
+  // Writing behind: `write_objects` objects of `write_size` bytes queued at once (the queue
+  // holds them all) into a fresh tier beside DIR, timed until every one is on disk.
+  out["writes"] = nlohmann::json::array();
+  for (const unsigned writers : writer_threads) {
+    std::vector<double> rates;
+    for (unsigned round = 0; round < rounds; ++round) {
+      const std::filesystem::path write_dir = std::filesystem::path(dir).string() + "-writes";
+      std::filesystem::remove_all(write_dir);
+      DiskTier tier(DiskTierOptions{.dir = write_dir,
+                                    .capacity_bytes = write_objects * (write_size + 8192),
+                                    .queue_bytes = write_objects * write_size,
+                                    .writer_threads = writers});
+      std::vector<dsfs::prefetch::ObjectBuffer> buffers;
+      for (uint64_t id = 0; id < write_objects; ++id) {
+        buffers.push_back(std::make_shared<const dsfs::prefetch::ObjectData>(
+            std::string(write_size, static_cast<char>('a' + id % 26))));
+      }
+      dropped = drop_caches() && dropped;
+      tier.start();
+      const auto start = std::chrono::steady_clock::now();
+      for (uint64_t id = 0; id < write_objects; ++id) {
+        tier.put(DiskTierKey{.dataset = "bench", .generation = 1, .object_id = id}, buffers[id]);
+      }
+      tier.flush();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (tier.stats().writes != write_objects) {
+        fmt::print(stderr, "wrote {} of {} objects\n", tier.stats().writes, write_objects);
+        return 1;
+      }
+      rates.push_back(static_cast<double>(write_objects) / seconds);
+    }
+    std::vector<double> sorted = rates;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    fmt::print("write-behind, {} writer{:2}   {:8.0f} objects/s ({:.0f} MB/s; {} x {} bytes)\n",
+               writers, writers == 1 ? "" : "s", median,
+               median * static_cast<double>(write_size) / 1e6, write_objects, write_size);
+    out["writes"].push_back({{"writers", writers},
+                             {"objects", write_objects},
+                             {"object_bytes", write_size},
+                             {"median_objects_per_s", median},
+                             {"objects_per_s", rates}});
+  }
+  std::filesystem::remove_all(std::filesystem::path(dir).string() + "-writes");
   out["caches_dropped"] = dropped;
   if (!dropped) fmt::print(stderr, "warning: could not drop the caches (not root?)\n");
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";

@@ -391,21 +391,23 @@ DiskTier::~DiskTier() {
     stopping_ = true;
   }
   work_.notify_all();
-  if (writer_.joinable()) writer_.join();
+  for (std::thread& writer : writers_) writer.join();
   save_index();  // still holding the lock: no other mount can change DIR meanwhile
   ::close(lock_fd_);
 }
 
 void DiskTier::start() {
   std::lock_guard lock(mutex_);
-  if (writer_.joinable() || stopping_) return;
+  if (!writers_.empty() || stopping_) return;
   // The process that serves it now (a mount opens the tier, then forks its daemon).
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
     spdlog::debug("cannot record the pid in {}/lock", options_.dir.string());
   }
   owner_pid_ = ::getpid();
-  writer_ = std::thread([this] { writer_loop(); });
+  for (unsigned i = 0; i < std::clamp(options_.writer_threads, 1u, 64u); ++i) {
+    writers_.emplace_back([this] { writer_loop(); });
+  }
 }
 
 std::filesystem::path DiskTier::index_path() const {
@@ -481,7 +483,7 @@ void DiskTier::save_index() const {
   std::string bytes;
   {
     std::lock_guard lock(mutex_);
-    if (writing_) return;  // not after a writer thread that did not stop
+    if (writing_ != 0) return;  // not after a writer thread that did not stop
     IndexHeader header;
     header.entries = index_.size();
     bytes.reserve(sizeof header + index_.size() * sizeof(IndexEntry) + sizeof(uint64_t));
@@ -776,8 +778,8 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
 
 void DiskTier::flush() {
   std::unique_lock lock(mutex_);
-  if (!writer_.joinable()) return;
-  idle_.wait(lock, [this] { return queue_.empty() && !writing_; });
+  if (writers_.empty()) return;
+  idle_.wait(lock, [this] { return queue_.empty() && writing_ == 0; });
 }
 
 DiskTierStats DiskTier::stats() const {
@@ -792,7 +794,7 @@ void DiskTier::writer_loop() {
     if (queue_.empty()) break;  // stopping, and every queued write done
     Write write = std::move(queue_.front());
     queue_.pop_front();
-    writing_ = true;
+    ++writing_;
     lock.unlock();
     try {
       write_one(write);
@@ -802,7 +804,7 @@ void DiskTier::writer_loop() {
     lock.lock();
     queued_.erase(write.id);
     stats_.queued_bytes -= write.buffer->size();
-    writing_ = false;
+    --writing_;
     idle_.notify_all();
   }
 }
@@ -822,13 +824,20 @@ void DiskTier::write_one(const Write& write) {
   head += write.dataset;
   const uint64_t bytes = on_disk_bytes(head.size() + payload.size());
   {
-    // Room first, so the bound holds while the file is written too.
+    // Room first, so the bound holds while the file is written too (and while the other
+    // writers write theirs: their bytes are reserved).
     std::lock_guard lock(mutex_);
     note_generation_locked(id.dataset, id.generation);
-    while (stats_.bytes_used + bytes > options_.capacity_bytes && !index_.empty()) {
+    while (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes &&
+           !index_.empty()) {
       erase_locked(victim_locked());
       ++stats_.evictions;
     }
+    if (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes) {
+      ++stats_.writes_dropped;  // the rest of the tier is being written by the other writers
+      return;
+    }
+    reserved_bytes_ += bytes;
   }
   const std::filesystem::path path = path_of(id);
   const std::filesystem::path temp = path.string() + std::string(kTempSuffix);
@@ -851,6 +860,7 @@ void DiskTier::write_one(const Write& write) {
     }
   }
   std::lock_guard lock(mutex_);
+  reserved_bytes_ -= bytes;
   if (error == 0 && ::rename(temp.c_str(), path.c_str()) != 0) error = errno;
   if (error != 0) {
     ::unlink(temp.c_str());

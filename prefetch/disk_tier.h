@@ -42,6 +42,9 @@ struct DiskTierOptions {
   uint64_t capacity_bytes = 0;
   // Payload bytes waiting to be written; past it, new writes are dropped (and counted).
   uint64_t queue_bytes = uint64_t{64} << 20;
+  // Threads that write objects behind the reads (files are independent; a disk serves several
+  // writes at once, and checksumming and copying are CPU work).
+  unsigned writer_threads = 4;
   // Threads that list and stat the object files at open when there is no saved index.
   unsigned scan_threads = 16;
 };
@@ -117,7 +120,8 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
 // writer waits on it with work_/idle_); file reads run outside it, unlinks and renames inside
 // it (so a file is never replaced between the index's answer and the unlink of a dropped entry).
-// One background thread (start()) does all writes and evictions.
+// Background writer threads (start(), options.writer_threads) do all writes and evictions,
+// each reserving its file's bytes first so that the bound holds while several write.
 class DiskTier {
  public:
   // Creates DIR (and DIR/objects) if needed, takes the lock, removes stale temp files and builds
@@ -125,13 +129,13 @@ class DiskTier {
   // (so it can be opened before a fork). Throws DiskTierLocked when another process holds DIR,
   // std::runtime_error naming the path for any other failure.
   explicit DiskTier(DiskTierOptions options);
-  // Finishes the queued writes (if started), stops the writer, saves the index as DIR/index (in
-  // the process that started the writer, or opened the tier if none did), releases the lock.
+  // Finishes the queued writes (if started), stops the writers, saves the index as DIR/index (in
+  // the process that started the writers, or opened the tier if none did), releases the lock.
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  // Starts the writer thread (after any fork: threads do not survive one). Idempotent.
+  // Starts the writer threads (after any fork: threads do not survive one). Idempotent.
   void start();
 
   // The object, checked against `length` and its checksum; nullptr when it is not on disk or
@@ -223,7 +227,7 @@ class DiskTier {
   pid_t owner_pid_ = ::getpid();  // who saves the index: not a parent that forked the daemon
 
   mutable std::mutex mutex_;
-  std::condition_variable work_;  // the writer waits for queued writes or stop
+  std::condition_variable work_;  // writers wait for queued writes or stop
   std::condition_variable idle_;  // flush() waits for the queue to drain
   std::unordered_map<FileId, Entry, FileIdHash> index_;
   std::list<FileId> lru_;              // not read this epoch; front: least recently used
@@ -231,11 +235,12 @@ class DiskTier {
   std::unordered_map<uint64_t, uint64_t> newest_generation_;  // by dataset hash
   std::deque<Write> queue_;
   std::unordered_set<FileId, FileIdHash> queued_;
-  bool writing_ = false;  // the writer holds a write taken off the queue
+  unsigned writing_ = 0;         // writes taken off the queue and not finished
+  uint64_t reserved_bytes_ = 0;  // on-disk bytes of the files being written
   bool stopping_ = false;
   DiskTierStats stats_;
   int last_write_errno_ = 0;  // the last write failure logged, so a full disk logs once
-  std::thread writer_;
+  std::vector<std::thread> writers_;
 };
 
 }  // namespace dsfs::prefetch

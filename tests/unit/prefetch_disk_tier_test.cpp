@@ -315,6 +315,25 @@ TEST_F(DiskTierTest, BytesOnDiskStayWithinTheBound) {
   EXPECT_EQ(tier->stats().too_large, 1u);
 }
 
+TEST_F(DiskTierTest, ManyWritersAtOnceStayWithinTheBound) {
+  // Eight writers, each making room for its own file: without counting the files the others are
+  // writing, all eight fit "alone" and together overshoot.
+  constexpr uint64_t kCapacity = 8 * 4096;
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+      .dir = dir_.path() / "tier", .capacity_bytes = kCapacity, .writer_threads = 8});
+  tier->start();
+  for (int round = 0; round < 20; ++round) {
+    for (uint64_t i = 1; i <= 16; ++i) {
+      const uint64_t id = static_cast<uint64_t>(round) * 16 + i;
+      tier->put(key(id), object(12000, static_cast<unsigned>(id)));  // 3 blocks: 2 fit
+    }
+    tier->flush();
+    ASSERT_LE(tier->stats().bytes_used, kCapacity) << round;
+    ASSERT_LE(files_bytes(dir_.path() / "tier"), kCapacity) << round;
+  }
+  EXPECT_GT(tier->stats().writes, 0u);
+}
+
 TEST_F(DiskTierTest, AmongObjectsReadThisEpochTheOneReadFirstGoesFirst) {
   auto tier = open(4 * 4096);
   fill(*tier, 1, 4, 4000);                      // demand fetches: read this epoch
