@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "cuda/view_service.h"
+#include "fs/metrics.h"
 #include "fs/virtual_files.h"
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
@@ -195,9 +196,17 @@ void Filesystem::start_views() {
 }
 
 std::string Filesystem::stats_json() const {
+  return render_snapshot(&render_stats_json);
+}
+
+std::string Filesystem::metrics_text() const {
+  return render_snapshot(&render_metrics);
+}
+
+std::string Filesystem::render_snapshot(std::string (*render)(const StatsSources&)) const {
   const std::shared_ptr<const MountTree::Listing> listing = tree_.listing();
   const WatchStats watch = watcher_.stats();
-  return render_stats_json(StatsSources{
+  return render(StatsSources{
       .fs = counters_,
       .fetcher = fetcher_.stats(),
       .cache = cache_.stats(),

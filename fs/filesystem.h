@@ -123,6 +123,8 @@ class Filesystem {
   MountTree& tree() { return tree_; }
   const FilesystemOptions& options() const { return options_; }
   std::string stats_json() const;
+  // The same snapshot as stats_json, in the Prometheus text format (fs/metrics.h).
+  std::string metrics_text() const;
   const FsCounters& counters() const { return counters_; }
   const prefetch::ObjectCache& cache() const { return cache_; }
   const ViewFiles& views() const { return views_; }
@@ -136,6 +138,8 @@ class Filesystem {
   // After the watcher changed the tree: predicts for the datasets listed now and invalidates
   // what the kernel cached of `names` and of the directories listing them.
   void datasets_changed(const std::vector<std::string>& names);
+  // Renders one snapshot of every counter with `render`: stats.json and /metrics share it.
+  std::string render_snapshot(std::string (*render)(const StatsSources&)) const;
 
   FilesystemOptions options_;
   MountTree tree_;

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -34,6 +35,7 @@
 
 #include "fs/filesystem.h"
 #include "fs/inodes.h"
+#include "fs/metrics_server.h"
 #include "fs/mount.h"
 #include "prefetch/disk_tier.h"
 #include "src/catalog/keys.h"
@@ -74,6 +76,7 @@ struct MountArgs {
   std::string log_file;
   double watch_interval_s = static_cast<double>(kDefaultWatchInterval.count()) / 1000.0;
   bool follow_updates = false;
+  std::string metrics_listen;  // empty: no metrics endpoint
 };
 
 struct RefreshArgs {
@@ -250,6 +253,11 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   if (!args.disk_cache.empty() && args.disk_cache_bytes == 0) {
     throw std::invalid_argument("--disk-cache needs --disk-cache-size (e.g. 200GiB)");
   }
+  // Bound before anything is mounted, so a port in use fails here; served by the daemon.
+  std::optional<MetricsListener> metrics_listener;
+  if (!args.metrics_listen.empty()) {
+    metrics_listener.emplace(parse_listen_address(args.metrics_listen));
+  }
   const catalog::KeySchema keys(global.ns);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   FilesystemOptions fs_options;
@@ -335,11 +343,17 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     lock.record_pid();
   }
   tune_malloc();
+  // Declared after the filesystem, so it stops before what it reports on goes.
+  std::optional<MetricsServer> metrics;
   // After the fork: CUDA state does not survive one.
   try {
     filesystem.start_views();
     filesystem.start_prefetch();
     if (disk_tier) disk_tier->start();
+    if (metrics_listener) {
+      metrics.emplace(std::move(*metrics_listener),
+                      [&filesystem] { return filesystem.metrics_text(); });
+    }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     if (ready_fd >= 0) report_failure(ready_fd, e.what());
@@ -691,6 +705,12 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
         }
       })
       ->capture_default_str();
+  mount->add_option(
+      "--metrics-listen", mount_args->metrics_listen,
+      "Serve the mount's counters for Prometheus at http://ADDRESS/metrics (the same figures as "
+      "MOUNTPOINT/.dsfs/stats.json): PORT (on 127.0.0.1 only), HOST:PORT or [IPV6]:PORT, e.g. "
+      "9464, or 0.0.0.0:9464 for every interface (anyone who can reach it sees dataset names). "
+      "Off unless given; a port in use fails the mount");
   mount->add_option("--log-file", mount_args->log_file,
                     "Where the background daemon logs (default: "
                     "$DSFS_HOME/logs/mount-<mountpoint name>.log)");

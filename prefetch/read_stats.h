@@ -22,6 +22,10 @@ class StallHistogram {
     return static_cast<double>(total_ns_.load(std::memory_order_relaxed)) / 1e9;
   }
   uint64_t count() const;
+  // Observations in `bucket` (< kBuckets) so far; for exporting the histogram whole.
+  uint64_t bucket_count(size_t bucket) const {
+    return counts_[bucket].load(std::memory_order_relaxed);
+  }
 
   static constexpr size_t kSubBuckets = 8;
   static constexpr size_t kBuckets = 1 + 40 * kSubBuckets;  // [0,1 µs), then up to 2^40 µs
