@@ -2,12 +2,14 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fs/cache_command.h"
 #include "fs/mount_command.h"
+#include "fs/mount_helper.h"
 #include "src/cli/common.h"
 #include "src/cli/server_command.h"
 #include "tools/admin_commands.h"
@@ -19,8 +21,6 @@
 #include "tools/synth_command.h"
 
 int main(int argc, char** argv) {
-  // Before anything else, argv as given: the mount daemon's heap on huge pages (may exec).
-  if (argc > 1 && std::string_view(argv[1]) == "mount") dsfs::fs::exec_with_huge_page_heap(argv);
   CLI::App app{
       "dsfs serves deep-learning datasets stored in Redis as a read-only FUSE filesystem.\n"
       "Without --redis (or DSFS_REDIS) every command uses the embedded redis-server under\n"
@@ -41,13 +41,29 @@ int main(int argc, char** argv) {
   dsfs::tools::register_plan_command(app, global);
   dsfs::tools::register_stats_command(app, global);
 
+  // `dsfs SOURCE MOUNTPOINT -o OPTIONS`, as mount(8) runs it for type fuse.dsfs (fstab), is
+  // parsed as the `dsfs mount ...` it translates to.
+  std::optional<std::vector<std::string>> helper_form;
+  try {
+    helper_form = dsfs::fs::mount_helper_argv(app, argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dsfs: error: {}\n", e.what());
+    return 1;
+  }
+  // Before threads or connections, argv as given: the mount daemon's heap on huge pages (may
+  // exec; the run after it translates the helper form again).
+  if (helper_form || (argc > 1 && std::string_view(argv[1]) == "mount")) {
+    dsfs::fs::exec_with_huge_page_heap(argv);
+  }
+
   // CLI11 parses a copy; the process's own argv, which `ps` shows, loses its passwords first.
-  std::vector<std::string> arguments(argv, argv + argc);
+  std::vector<std::string> arguments =
+      helper_form ? *helper_form : std::vector<std::string>(argv, argv + argc);
   std::vector<char*> argument_pointers;
   for (std::string& argument : arguments) argument_pointers.push_back(argument.data());
   dsfs::cli::scrub_secrets_from_argv(argc, argv);
   try {
-    app.parse(argc, argument_pointers.data());
+    app.parse(static_cast<int>(argument_pointers.size()), argument_pointers.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const dsfs::cli::ExitCode& e) {
