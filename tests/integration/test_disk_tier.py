@@ -97,6 +97,8 @@ class DiskTierTest(DsfsTestCase):
 
         objects = sorted(glob.glob(os.path.join(self.tier, "objects", "*", "*")))
         self.assertEqual(len(objects), FILES)
+        # The clean unmount saved the index, which the next mount loads instead of listing.
+        self.assertTrue(os.path.exists(os.path.join(self.tier, "index")))
         with open(objects[0], "r+b") as f:  # a flipped byte in the payload
             f.seek(-10, os.SEEK_END)
             byte = f.read(1)
@@ -109,8 +111,10 @@ class DiskTierTest(DsfsTestCase):
         self.epoch(mnt, seed=7)
         stats = self.stats(mnt)
         tier = stats["disk_tier"]
+        self.assertTrue(tier["index_loaded"])
+        self.assertFalse(os.path.exists(os.path.join(self.tier, "index")))  # used once
         self.assertEqual(tier["checksum_failures"], 2)
-        self.assertEqual(tier["read_errors"], 0)  # the deleted file was not in the index
+        self.assertEqual(tier["read_errors"], 1)  # the deleted file, named by the saved index
         self.assertEqual(tier["hits"], FILES - 3)
         self.assertEqual(stats["redis_ops"]["gets"], 3)  # only the damaged ones
         self.assertEqual(stats["errors"]["integrity"], 0)
@@ -239,6 +243,7 @@ class DiskTierTest(DsfsTestCase):
 
         mnt = self.mount_with_tier(name="again")  # the lock died with the daemon
         tier = self.stats(mnt)["disk_tier"]
+        self.assertFalse(tier["index_loaded"])  # a killed daemon saves none: the files are listed
         self.assertGreaterEqual(tier["stale_temp_files"], 1)
         self.assertEqual(glob.glob(os.path.join(self.tier, "objects", "*", "*.tmp")), [])
         self.assertLessEqual(tier["bytes_used"], 3 << 20)
