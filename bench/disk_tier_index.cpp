@@ -2,8 +2,6 @@
 // (DIR/index) against listing and stat'ing every object file, each with the kernel's caches
 // dropped first (a mount after a reboot) and warm (a remount). Fills DIR with N tiny objects
 // first if it holds fewer. Then the write-behind rate with 1 and 4 writer threads. Writes JSON.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,22 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "prefetch/disk_tier.h"
-
-namespace {
+#include "tools/dataset_bench.h"
 
 using dsfs::prefetch::DiskTier;
 using dsfs::prefetch::DiskTierKey;
 using dsfs::prefetch::DiskTierOptions;
-
-// Writes back dirty pages, then drops the page, dentry and inode caches (root only).
-bool drop_caches() {
-  ::sync();
-  std::ofstream control("/proc/sys/vm/drop_caches");
-  control << "3\n";
-  return static_cast<bool>(control);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Time a disk tier's open with N objects: saved index vs listing the directory"};
@@ -79,7 +66,6 @@ int main(int argc, char** argv) {
 
   nlohmann::ordered_json out{
       {"objects", objects}, {"dir", dir}, {"cases", nlohmann::json::array()}};
-  bool dropped = true;
   // (saved index?, listing threads); the index case lists nothing.
   std::vector<std::pair<bool, unsigned>> kinds = {{true, 0}};
   for (const unsigned threads : scan_threads) kinds.emplace_back(false, threads);
@@ -90,7 +76,7 @@ int main(int argc, char** argv) {
       for (unsigned round = 0; round < rounds; ++round) {
         // Each close saves the index again; the listing cases remove it before opening.
         if (!with_index) std::filesystem::remove(std::filesystem::path(dir) / "index");
-        if (cold) dropped = drop_caches() && dropped;
+        if (cold) dsfs::tools::drop_page_cache();
         DiskTierOptions open_options = options;
         open_options.scan_threads = std::max(threads, 1u);
         const auto start = std::chrono::steady_clock::now();
@@ -137,7 +123,7 @@ int main(int argc, char** argv) {
         buffers.push_back(std::make_shared<const dsfs::prefetch::ObjectData>(
             std::string(write_size, static_cast<char>('a' + id % 26))));
       }
-      dropped = drop_caches() && dropped;
+      dsfs::tools::drop_page_cache();
       tier.start();
       const auto start = std::chrono::steady_clock::now();
       for (uint64_t id = 0; id < write_objects; ++id) {
@@ -165,8 +151,6 @@ int main(int argc, char** argv) {
                              {"objects_per_s", rates}});
   }
   std::filesystem::remove_all(std::filesystem::path(dir).string() + "-writes");
-  out["caches_dropped"] = dropped;
-  if (!dropped) fmt::print(stderr, "warning: could not drop the caches (not root?)\n");
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
   return 0;
 }

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "src/store/log_text.h"
+
 namespace dsfs::fs {
 
 std::string escape_label_value(std::string_view value) {
@@ -16,23 +18,8 @@ std::string escape_label_value(std::string_view value) {
   size_t i = 0;
   while (i < value.size()) {
     const auto byte = static_cast<unsigned char>(value[i]);
-    // The length of the UTF-8 sequence this byte starts (0: not a valid lead byte).
-    const size_t length = byte < 0x80                   ? 1
-                          : byte >= 0xC2 && byte < 0xE0 ? 2
-                          : byte >= 0xE0 && byte < 0xF0 ? 3
-                          : byte >= 0xF0 && byte < 0xF5 ? 4
-                                                        : 0;
-    bool valid = length != 0 && i + length <= value.size();
-    for (size_t k = 1; valid && k < length; ++k) {
-      valid = (static_cast<unsigned char>(value[i + k]) & 0xC0) == 0x80;
-    }
-    if (valid && length >= 3) {
-      // No overlong forms, surrogates, or code points past U+10FFFF.
-      const auto second = static_cast<unsigned char>(value[i + 1]);
-      valid = !(byte == 0xE0 && second < 0xA0) && !(byte == 0xED && second >= 0xA0) &&
-              !(byte == 0xF0 && second < 0x90) && !(byte == 0xF4 && second >= 0x90);
-    }
-    if (!valid) {
+    const size_t length = byte < 0x80 ? 1 : store::utf8_sequence_length(value.substr(i));
+    if (length == 0) {
       out += "\xEF\xBF\xBD";  // U+FFFD
       ++i;
       continue;

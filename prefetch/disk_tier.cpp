@@ -43,12 +43,6 @@ constexpr size_t kNameLength = 16 + 1 + 16 + 1 + 16 + 1 + 8;
 // before it ends the file.
 constexpr std::array<char, 8> kIndexMagic = {'D', 'S', 'F', 'S', 'I', 'D', 'X', '\n'};
 constexpr uint32_t kIndexVersion = 1;
-struct IndexHeader {
-  std::array<char, 8> magic = kIndexMagic;
-  uint32_t version = kIndexVersion;
-  uint32_t entry_bytes = 40;
-  uint64_t entries = 0;
-};
 // One object file, in eviction order (first evicted first).
 struct IndexEntry {
   uint64_t dataset = 0;
@@ -58,7 +52,17 @@ struct IndexEntry {
   uint32_t reserved = 0;
   uint64_t bytes = 0;
 };
+struct IndexHeader {
+  std::array<char, 8> magic = kIndexMagic;
+  uint32_t version = kIndexVersion;
+  uint32_t entry_bytes = sizeof(IndexEntry);
+  uint64_t entries = 0;
+};
 static_assert(sizeof(IndexEntry) == 40 && sizeof(IndexHeader) == 24);
+
+std::filesystem::path index_path_of(const std::filesystem::path& dir) {
+  return dir / "index";
+}
 
 // The fixed part of a file's header, in host byte order (a file from a host of the other order
 // fails the version and header checks, and is dropped).
@@ -301,9 +305,9 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir) {
                                          std::strerror(lock_error)));
   }
   // The saved index first: it would name files that are gone.
-  if (::unlink((dir / "index").c_str()) != 0 && errno != ENOENT) {
+  if (::unlink(index_path_of(dir).c_str()) != 0 && errno != ENOENT) {
     throw std::runtime_error(fmt::format("cannot remove the disk cache index {}: {}",
-                                         (dir / "index").string(), std::strerror(errno)));
+                                         index_path_of(dir).string(), std::strerror(errno)));
   }
   uint64_t removed = 0;
   for_each_entry(objects, [&](unsigned /*sub*/, int dir_fd, const char* file) {
@@ -410,12 +414,8 @@ void DiskTier::start() {
   }
 }
 
-std::filesystem::path DiskTier::index_path() const {
-  return options_.dir / "index";
-}
-
 std::optional<std::vector<DiskTier::Found>> DiskTier::load_index() {
-  const std::filesystem::path path = index_path();
+  const std::filesystem::path path = index_path_of(options_.dir);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (fd.get() < 0) {
     if (errno != ENOENT) {
@@ -436,25 +436,26 @@ std::optional<std::vector<DiskTier::Found>> DiskTier::load_index() {
       return std::nullopt;
     }
   }
+  // Header, entries, then the digest of both; anything else is damaged.
   struct stat st {};
   std::string bytes;
-  int error = ::fstat(fd.get(), &st) != 0 ? errno : 0;
-  if (error == 0 && st.st_size >= static_cast<off_t>(sizeof(IndexHeader) + sizeof(uint64_t))) {
-    bytes.resize(static_cast<size_t>(st.st_size));
-    error = pread_all(fd.get(), bytes.data(), bytes.size(), 0);
-  }
   IndexHeader header;
-  if (error == 0 && bytes.size() >= sizeof(IndexHeader) + sizeof(uint64_t)) {
-    std::memcpy(&header, bytes.data(), sizeof header);
-  }
   uint64_t digest = 0;
-  if (!bytes.empty())
+  bool whole = ::fstat(fd.get(), &st) == 0 &&
+               st.st_size >= static_cast<off_t>(sizeof header + sizeof digest);
+  if (whole) {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    whole = pread_all(fd.get(), bytes.data(), bytes.size(), 0) == 0;
+  }
+  if (whole) {
+    std::memcpy(&header, bytes.data(), sizeof header);
     std::memcpy(&digest, bytes.data() + bytes.size() - sizeof digest, sizeof digest);
-  const size_t entries_bytes = bytes.size() - std::min(bytes.size(), sizeof header + sizeof digest);
-  if (error != 0 || bytes.empty() || header.magic != kIndexMagic ||
-      header.version != kIndexVersion || header.entry_bytes != sizeof(IndexEntry) ||
-      entries_bytes != header.entries * sizeof(IndexEntry) ||
-      digest != XXH3_64bits(bytes.data(), bytes.size() - sizeof digest)) {
+    whole = header.magic == kIndexMagic && header.version == kIndexVersion &&
+            header.entry_bytes == sizeof(IndexEntry) &&
+            bytes.size() == sizeof header + header.entries * sizeof(IndexEntry) + sizeof digest &&
+            digest == XXH3_64bits(bytes.data(), bytes.size() - sizeof digest);
+  }
+  if (!whole) {
     spdlog::warn(
         "disk cache {}: its index is damaged or of another version; listing the objects "
         "instead",
@@ -477,13 +478,12 @@ std::optional<std::vector<DiskTier::Found>> DiskTier::load_index() {
 }
 
 void DiskTier::save_index() const {
-  // Only a tier whose every write is done and whose index matches the directory (after a fork
-  // only the process that serves it, see owner_pid_).
+  // Called once the writers have stopped, so the index matches the directory; after a fork only
+  // by the process that serves the tier (owner_pid_).
   if (::getpid() != owner_pid_) return;
   std::string bytes;
   {
     std::lock_guard lock(mutex_);
-    if (writing_ != 0) return;  // not after a writer thread that did not stop
     IndexHeader header;
     header.entries = index_.size();
     bytes.reserve(sizeof header + index_.size() * sizeof(IndexEntry) + sizeof(uint64_t));
@@ -504,7 +504,7 @@ void DiskTier::save_index() const {
   bytes.append(reinterpret_cast<const char*>(&digest), sizeof digest);
   // Written under a temporary name and renamed: a half-written index is never read as whole
   // (and a torn one fails its digest).
-  const std::filesystem::path path = index_path();
+  const std::filesystem::path path = index_path_of(options_.dir);
   const std::string temp = path.string() + std::string(kTempSuffix);
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   int error = fd.get() < 0 ? errno : write_all(fd.get(), bytes.data(), bytes.size());

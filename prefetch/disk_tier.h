@@ -198,7 +198,6 @@ class DiskTier {
   // Builds the index at open: from DIR/index when a clean close left a whole one, else from the
   // directory listing (removing unfinished writes); then evicts down to the capacity.
   void rebuild_index();
-  std::filesystem::path index_path() const;
   // DIR/index's entries, removing the file; nullopt (logged) when there is none or it does not
   // check out.
   std::optional<std::vector<Found>> load_index();

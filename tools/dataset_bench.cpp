@@ -48,20 +48,6 @@ std::string format_megabytes(uint64_t bytes) {
   return fmt::format("{:.1f} MB", static_cast<double>(bytes) / kMegabyte);
 }
 
-void drop_page_cache(const fs::path& control_file) {
-  ::sync();  // dirty pages are not dropped, so write them out first
-  ScopedFd fd(::open(control_file.c_str(), O_WRONLY | O_CLOEXEC));
-  int error = fd.get() < 0 ? errno : 0;
-  if (error == 0 && ::write(fd.get(), "3", 1) != 1) error = errno;
-  if (error == 0) error = fd.close();
-  if (error != 0) {
-    throw std::runtime_error(fmt::format(
-        "--drop-caches: cannot write 3 to {}: {}; it needs root and a writable /proc/sys "
-        "(run as root, or leave out --drop-caches)",
-        control_file.string(), std::strerror(error)));
-  }
-}
-
 // One run: reader threads pull the next index of the epoch's order from a shared cursor (as a
 // DataLoader's workers do) and meet at a barrier after each epoch, whose completion step sums
 // the epoch up and prepares the next.
@@ -678,6 +664,20 @@ std::string format_bench_summary(const BenchOptions& options, const BenchResult&
                         result.totals.errors - result.first_errors.size());
   }
   return text;
+}
+
+void drop_page_cache(const std::filesystem::path& control_file) {
+  ::sync();  // dirty pages are not dropped, so write them out first
+  ScopedFd fd(::open(control_file.c_str(), O_WRONLY | O_CLOEXEC));
+  int error = fd.get() < 0 ? errno : 0;
+  if (error == 0 && ::write(fd.get(), "3", 1) != 1) error = errno;
+  if (error == 0) error = fd.close();
+  if (error != 0) {
+    throw std::runtime_error(fmt::format(
+        "--drop-caches: cannot write 3 to {}: {}; it needs root and a writable /proc/sys "
+        "(run as root, or leave out --drop-caches)",
+        control_file.string(), std::strerror(error)));
+  }
 }
 
 }  // namespace dsfs::tools

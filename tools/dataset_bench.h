@@ -152,6 +152,10 @@ std::vector<std::string> plan_lines_for(const std::vector<BenchFile>& files,
 // Checks the options that need no I/O; throws std::invalid_argument naming the bad one.
 void validate_bench_options(const BenchOptions& options);
 
+// Writes dirty pages out, then drops the page, dentry and inode caches (3 > control_file, which
+// needs root). Throws std::runtime_error naming the file and what to do when that fails.
+void drop_page_cache(const std::filesystem::path& control_file = "/proc/sys/vm/drop_caches");
+
 struct BenchReadError {
   std::filesystem::path path;
   std::string operation;  // "open", "read" or "close"

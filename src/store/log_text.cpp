@@ -3,10 +3,7 @@
 #include <fmt/format.h>
 
 namespace dsfs::store {
-namespace {
 
-// Length of the valid UTF-8 sequence starting at text[0], or 0 if it is not one (overlong
-// forms, surrogates and code points above U+10FFFF are invalid).
 std::size_t utf8_sequence_length(std::string_view text) {
   const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
   const unsigned char lead = byte(0);
@@ -30,11 +27,8 @@ std::size_t utf8_sequence_length(std::string_view text) {
       (length == 3 && code_point < 0x800) || (length == 4 && code_point < 0x10000);
   const bool surrogate = code_point >= 0xD800 && code_point <= 0xDFFF;
   if (overlong || surrogate || code_point > 0x10FFFF) return 0;
-  if (code_point >= 0x80 && code_point <= 0x9F) return 0;  // C1 controls: escape them
   return length;
 }
-
-}  // namespace
 
 std::string log_text(std::string_view user_bytes, std::size_t max_bytes) {
   const std::string_view shown = user_bytes.substr(0, max_bytes);
@@ -67,7 +61,10 @@ std::string log_text(std::string_view user_bytes, std::size_t max_bytes) {
       default:
         break;
     }
-    if (const std::size_t length = c >= 0x80 ? utf8_sequence_length(shown.substr(i)) : 0) {
+    // C1 controls (U+0080..U+009F, lead byte 0xC2 then 0x80..0x9F) are escaped like C0 ones.
+    const bool c1_control =
+        c == 0xC2 && i + 1 < shown.size() && static_cast<unsigned char>(shown[i + 1]) <= 0x9F;
+    if (const std::size_t length = c1_control ? 0 : utf8_sequence_length(shown.substr(i))) {
       out.append(shown.substr(i, length));
       i += length;
       continue;

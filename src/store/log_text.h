@@ -16,4 +16,9 @@ inline constexpr std::size_t kLogExcerptBytes = 200;
 // Pure function; safe from any thread.
 std::string log_text(std::string_view user_bytes, std::size_t max_bytes = kLogExcerptBytes);
 
+// The length (2 to 4) of the valid multi-byte UTF-8 sequence that starts text, or 0 when text
+// does not start with one: ASCII, a stray or truncated byte, an overlong form, a surrogate or a
+// code point above U+10FFFF. Pure function.
+std::size_t utf8_sequence_length(std::string_view text);
+
 }  // namespace dsfs::store
