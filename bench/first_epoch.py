@@ -157,7 +157,8 @@ class Bench:
 
     def umount(self):
         if os.path.ismount(self.mnt):
-            res = run([self.dsfs, "umount", self.mnt], env=self.env, check=False)
+            # --wait 60s: a daemon still draining replies must not fail the next mount
+            res = run([self.dsfs, "umount", self.mnt, "--wait", "60s"], env=self.env, check=False)
             if os.path.ismount(self.mnt):
                 log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
                 run(["umount", "-l", self.mnt], check=False)

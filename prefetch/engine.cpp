@@ -73,10 +73,23 @@ void InflightControl::on_rtt_sample(std::chrono::nanoseconds sample, Clock::time
   }
   rtt_ = last_period_min_ == std::chrono::nanoseconds{0} ? period_min_
                                                          : std::min(period_min_, last_period_min_);
+  if (base_rtt_ == std::chrono::nanoseconds{0} || sample < base_rtt_) base_rtt_ = sample;
 }
 
 void InflightControl::on_fetched(Clock::time_point now) {
   if (window_ < max_) ++window_;
+  if (last_fetched_ != Clock::time_point{} && now - last_fetched_ < base_rtt_ / 4) {
+    ++burst_count_;
+    const double seconds = std::chrono::duration<double>(now - burst_start_).count();
+    if (burst_count_ >= kBurstSample && seconds > 0) {
+      burst_rate_ = std::max(burst_rate_, static_cast<double>(burst_count_ - 1) / seconds);
+    }
+  } else {
+    if (burst_count_ < kBurstSample) burst_rate_ *= 0.5;  // no burst lately: forget slowly
+    burst_start_ = now;
+    burst_count_ = 1;
+  }
+  last_fetched_ = now;
   ++fetched_count_;
   if (fetched_since_ == Clock::time_point{} || now - fetched_since_ > 1s) {
     // The first, or the first after a pause: nothing to measure a rate over.
@@ -93,8 +106,16 @@ void InflightControl::on_fetched(Clock::time_point now) {
   fetched_since_ = now;
 }
 
+bool InflightControl::opened_for_plan() const {
+  return planned_ahead_ > 0 && base_rtt_ >= kFarRtt;
+}
+
 size_t InflightControl::limit() const {
   const double rtt_s = static_cast<double>(rtt_.count()) / 1e9;
+  // A plan's opening: twice the path's bandwidth-delay product, replies queueing included.
+  const double base_rtt_s = static_cast<double>(base_rtt_.count()) / 1e9;
+  const size_t opening =
+      opened_for_plan() ? static_cast<size_t>(2 * burst_rate_ * base_rtt_s) + floor_ : 0;
   // Twice the bandwidth-delay product: replies also queue behind one another.
   const auto wanted = static_cast<size_t>(2 * rate_ * rtt_s) + floor_;
   size_t window = window_;
@@ -103,7 +124,7 @@ size_t InflightControl::limit() const {
     // room for slow start to double it in the next round trip.
     window = std::min(window, static_cast<size_t>(4 * fetch_rate_ * rtt_s) + floor_);
   }
-  return std::clamp(std::max(window, wanted), floor_, max_);
+  return std::clamp(std::max({window, wanted, opening}), floor_, max_);
 }
 
 // --- PrefetchEngine ---
@@ -249,7 +270,12 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
     return out;
   }
   was_active_ = true;
+  const PlansPredictor& plans = model_->plan();
+  inflight_.set_planned_ahead(model_->leader() == "plan" && plans.entries() > plans.position()
+                                  ? plans.entries() - plans.position()
+                                  : 0);
   const size_t limit = inflight_.limit();
+  const bool opened_for_plan = inflight_.opened_for_plan();
   while (out.size() < room && inflight_objects_ < limit) {
     if (!held_) {
       if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;
@@ -304,6 +330,7 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
       break;  // keep held_ for when room frees up
     }
     held_.reset();
+    if (opened_for_plan) fetches_opened_for_plan_ += file_fetches.size();
     for (Fetch& f : file_fetches) {
       ++inflight_objects_;
       inflight_bytes_ += f.length;
@@ -495,6 +522,9 @@ EngineStats PrefetchEngine::stats() const {
   s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : inflight_.limit();
   s.inflight_max = inflight_.max();
   s.inflight_peak = inflight_peak_;
+  s.fetches_opened_for_plan = fetches_opened_for_plan_;
+  s.base_rtt_ms = inflight_.base_rtt_ms();
+  s.burst_per_s = inflight_.burst_per_s();
   s.rtt_ms = inflight_.rtt_ms();
   s.files_per_s = inflight_.files_per_s();
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;

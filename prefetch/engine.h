@@ -58,18 +58,36 @@ class InflightControl {
   void on_rtt_sample(std::chrono::nanoseconds sample, Clock::time_point now);
   // A prefetch completed: slow start (one more in flight), and a sample of the fetch rate.
   void on_fetched(Clock::time_point now);
-  void on_idle() { window_ = floor_; }
+  void on_idle() {
+    window_ = floor_;
+    base_rtt_ = std::chrono::nanoseconds{0};
+  }
+  // Files a leading plan still names ahead of the readers (0: no plan leads). A planned order
+  // is no guess: on a far link (round trip >= kFarRtt) the window opens at once to twice the
+  // path's bandwidth-delay product, the rate taken from the spacing of the first replies that
+  // arrived back to back (burst_per_s), instead of doubling from the floor every round trip.
+  void set_planned_ahead(size_t files) { planned_ahead_ = files; }
+  // Whether limit() is the planned opening now.
+  bool opened_for_plan() const;
   size_t limit() const;
 
+  // Beyond this round trip slow start would take several costly round trips to reach the
+  // bandwidth-delay product; below it the floor is about the product already, and a local
+  // server's replies on a loaded machine can take a few ms (measured: 2-5 ms at 0 ms here).
+  static constexpr std::chrono::milliseconds kFarRtt{10};
+
   double rtt_ms() const { return rtt_.count() / 1e6; }
+  double base_rtt_ms() const { return base_rtt_.count() / 1e6; }
   double files_per_s() const { return rate_; }
   double fetched_per_s() const { return fetch_rate_; }
+  double burst_per_s() const { return burst_rate_; }
   size_t max() const { return max_; }
 
  private:
   size_t floor_;
   size_t max_;
   size_t window_;
+  size_t planned_ahead_ = 0;
   double rate_ = 0;  // files read per second, smoothed
   Clock::time_point rate_since_{};
   uint64_t rate_count_ = 0;
@@ -79,11 +97,23 @@ class InflightControl {
   double fetch_rate_ = 0;
   Clock::time_point fetched_since_{};
   uint64_t fetched_count_ = 0;
+  // Completions closer together than a quarter of the round trip are one burst: replies that
+  // queued behind one another on the way, so their spacing is what the path (server, link and
+  // this daemon) carries when the window does not limit it. The best recent burst's rate.
+  static constexpr uint64_t kBurstSample = 8;  // completions a burst needs to be measured
+  double burst_rate_ = 0;
+  Clock::time_point burst_start_{};
+  Clock::time_point last_fetched_{};
+  uint64_t burst_count_ = 0;
   // Round trip: the smallest GET latency seen in the current and the last 2-second period
   // (later replies of a pipeline also wait behind earlier ones).
   std::chrono::nanoseconds rtt_{0};
   std::chrono::nanoseconds period_min_{0};
   std::chrono::nanoseconds last_period_min_{0};
+  // The smallest GET latency since the start or the last pause: the link's own delay. The plan's
+  // opening uses it, not rtt_: with the window open, replies wait behind one another for longer
+  // than a period, and a round trip taken from them would open the window further still.
+  std::chrono::nanoseconds base_rtt_{0};
   Clock::time_point period_start_{};
 };
 
@@ -103,7 +133,10 @@ struct EngineStats {
   uint64_t inflight_bytes = 0;
   uint64_t inflight_limit = 0;
   uint64_t inflight_max = 0;
-  uint64_t inflight_peak = 0;  // the most objects in flight at once since the mount
+  uint64_t inflight_peak = 0;            // the most objects in flight at once since the mount
+  uint64_t fetches_opened_for_plan = 0;  // sent while the window was open for a plan at once
+  double base_rtt_ms = 0;                // the smallest round trip since the last pause
+  double burst_per_s = 0;                // replies per second within a burst (the path's rate)
   uint64_t lookahead_files = 0;
   double rtt_ms = 0;
   double files_per_s = 0;
@@ -216,6 +249,7 @@ class PrefetchEngine {
   InflightControl inflight_;
   uint64_t inflight_objects_ = 0;
   uint64_t inflight_peak_ = 0;
+  uint64_t fetches_opened_for_plan_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::optional<Proposal> held_;  // proposed, but the cache had no room yet
   std::vector<ObjectKey> held_keys_;

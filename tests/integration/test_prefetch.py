@@ -103,6 +103,11 @@ class PrefetchTest(DsfsTestCase):
         # its maximum (half the cache in files; a file's chunks go out together).
         inflight = after["inflight"]
         self.assertGreater(inflight["peak"], 16, inflight)
+        # A planned order 20 ms away opened the window at once from the first replies (issue
+        # 17), and the link's own round trip stayed the measure of it.
+        self.assertGreater(inflight["fetches_opened_for_plan"], 0, inflight)
+        self.assertGreater(inflight["base_rtt_ms"], 15, inflight)
+        self.assertGreater(inflight["burst_per_s"], 0, inflight)
         self.assertLessEqual(inflight["peak"], inflight["max"] + 8, inflight)
 
     def test_without_a_plan_a_small_cache_beats_prefetching_off(self):

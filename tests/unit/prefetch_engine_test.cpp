@@ -291,6 +291,56 @@ TEST(InflightControl, SlowStartStopsAtAFewTimesWhatThePathCarriesPerRoundTrip) {
   EXPECT_LE(control.limit(), 16u + 4 * 5u + 1);  // 5 objects per round trip, 4x, plus the floor
 }
 
+// A planned order is no guess: on a far link the window opens at once to twice the path's
+// bandwidth-delay product, the rate taken from how closely the first replies followed one
+// another, instead of doubling from the floor every round trip (7 round trips to 1,000 in flight
+// at 100 ms). Near the server, and without a plan, slow start and its bound still apply.
+TEST(InflightControl, APlannedOrderOpensTheWindowToTheBandwidthDelayProductAtOnce) {
+  using Clock = InflightControl::Clock;
+  // The first window's 16 replies, back 100 ms (or `rtt`) after they were sent, 200 us apart:
+  // the path carries 5,000 objects/s.
+  const auto first_window = [](InflightControl& control, std::chrono::nanoseconds rtt) {
+    Clock::time_point now{std::chrono::hours(1)};
+    for (int i = 0; i < 16; ++i) {
+      now += 200us;
+      control.on_rtt_sample(rtt, now);
+      control.on_fetched(now);
+    }
+  };
+  InflightControl planned(16, 8192);
+  planned.set_planned_ahead(5000);
+  EXPECT_FALSE(planned.opened_for_plan());  // no round trip measured yet
+  EXPECT_EQ(planned.limit(), 16u);
+  first_window(planned, 100ms);
+  EXPECT_TRUE(planned.opened_for_plan());
+  EXPECT_NEAR(planned.burst_per_s(), 5000, 100);
+  EXPECT_GE(planned.limit(), 2 * 500u);  // twice 5,000/s x 100 ms
+  EXPECT_LE(planned.limit(), 2 * 500u + 16 + 50);
+  // Replies that then wait behind one another (half a second, say) do not open it further: the
+  // opening follows the smallest round trip since the last pause, the link's own.
+  const size_t opened = planned.limit();
+  const Clock::time_point later = Clock::time_point{std::chrono::hours(1)} + 3s;
+  for (int i = 0; i < 100; ++i) planned.on_rtt_sample(480ms, later + 1ms * i);
+  for (int i = 0; i < 100; ++i) planned.on_rtt_sample(480ms, later + 3s + 1ms * i);
+  EXPECT_NEAR(planned.rtt_ms(), 480, 1);
+  EXPECT_NEAR(planned.base_rtt_ms(), 100, 1);
+  EXPECT_LE(planned.limit(), opened + 50);
+  planned.set_planned_ahead(0);  // the plan no longer leads: slow start, one more per reply
+  EXPECT_FALSE(planned.opened_for_plan());
+  EXPECT_EQ(planned.limit(), 32u);
+
+  InflightControl small_cache(16, 300);
+  small_cache.set_planned_ahead(5000);
+  first_window(small_cache, 100ms);
+  EXPECT_EQ(small_cache.limit(), 300u);  // never above max (half the cache)
+
+  InflightControl near(16, 8192);
+  near.set_planned_ahead(5000);
+  first_window(near, 5ms);  // a local server on a loaded machine
+  EXPECT_FALSE(near.opened_for_plan());
+  EXPECT_EQ(near.limit(), 32u);
+}
+
 // Far from Redis, slow start must still double the window every round trip: each round trip
 // brings back as many replies as were in flight.
 TEST(InflightControl, FarFromTheServerSlowStartStillDoublesEachRoundTrip) {
