@@ -4,7 +4,8 @@ the dataset, without and with `dsfs mount --disk-cache DIR --disk-cache-size SIZ
 sized to hold the whole dataset), at 0 and 100 ms from Redis.
 
     bench/disk_tier.py [--build build] [--runs 1] [--files 2000] [--rtts 0,100] [--epochs 3]
-                       [--epoch-seconds 40] [--readers c,python] [--disk-dir /tmp] [--quick]
+                       [--epoch-seconds 40] [--readers c,python] [--disk-dir /tmp] [--no-remount]
+                       [--name disk_tier] [--quick]
 
 Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a private
 redis-server (unix socket, no persistence) and frees the tmpfs copy. 0 ms = the server's socket;
@@ -22,8 +23,18 @@ files/s, and from stats.json (before/after) Redis GETs (`redis_ops.gets`), bytes
 `disk_tier` hits/misses/bytes_read/writes/writes_dropped/checksum_failures, and
 `prefetch.disk_reads`. Redis GETs are also counted at the server (INFO commandstats cmdstat_get; per epoch for the C
 reader, per mount for the Python reader): stats.json's `redis_ops.gets` counts the readers'
-misses only, `prefetch.gets` the engine's. Writes bench/results/disk_tier.json and disk_tier.png. Needs root
-(mounts, drop_caches). Everything it starts is removed on exit, also on Ctrl-C and errors.
+misses only, `prefetch.gets` the engine's.
+
+The remount epoch (`disk` mode; `--no-remount` skips it): after the EPOCHS epochs, `dsfs umount`
+(which waits for the daemon to exit, so the tier saves DIR/index), the page cache dropped, the
+same `dsfs mount` on the SAME tier directory (timed: `mount_seconds`), and one more shuffled epoch
+(seed S+EPOCHS, a new order; the page cache dropped again by the reader) with the same figures,
+plus `disk_tier.index_loaded`, `disk_tier.open_seconds` and `disk_tier.entries` at the remount.
+Each case gets `remount_epoch` and `remount_ratio` (remount epoch files/s / the median of epochs
+2..EPOCHS), and the JSON a `remount_summary` (medians over runs).
+
+Writes bench/results/NAME.json and NAME.png (--name, default disk_tier). Needs root (mounts,
+drop_caches). Everything it starts is removed on exit, also on Ctrl-C and errors.
 """
 import argparse
 import json
@@ -37,7 +48,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, Proxy, RedisServer, fs_type, load_average,  # noqa: E402
+from common import (REPO, Proxy, RedisServer, drop_caches, fs_type, load_average,  # noqa: E402
                     log, machine_info, median, mount_daemon_pid, private_env, process_usage, run,
                     synth_dataset, tree_info)
 from cluster import PY_READER  # noqa: E402
@@ -67,6 +78,47 @@ def delta(before, after):
     out = {k: after[k] - before[k] for k in before}
     out["tier_bytes_used"] = after["tier_bytes_used"]
     out["tier_entries"] = after["tier_entries"]
+    return out
+
+
+def steady(case):
+    """The median files/s of a case's steady epochs (2..N), or None with one epoch."""
+    ys = [e["files_per_s"] for e in case["epochs"][1:]]
+    return median(ys) if ys else None
+
+
+def remount_summary(results):
+    """Per RTT, mode and reader with a remount epoch: medians over runs of the steady epochs'
+    median files/s, the remount epoch's files/s, their per-run ratio and its figures."""
+    out = []
+    keys = []
+    for c in results["cases"]:
+        k = (c["rtt_ms"], c["mode"], c["reader"])
+        if c.get("remount_epoch") and k not in keys:
+            keys.append(k)
+    for rtt, mode, reader in keys:
+        cs = [c for c in results["cases"] if (c["rtt_ms"], c["mode"], c["reader"]) ==
+              (rtt, mode, reader) and c.get("remount_epoch")]
+        rs = [c["remount_epoch"] for c in cs]
+        out.append({
+            "rtt_ms": rtt, "mode": mode, "reader": reader, "runs": len(cs),
+            "steady_files_per_s": median([c["steady_files_per_s"] for c in cs
+                                          if c["steady_files_per_s"]]),
+            "remount_files_per_s": median([r["files_per_s"] for r in rs]),
+            "remount_files_per_s_range": [min(r["files_per_s"] for r in rs),
+                                          max(r["files_per_s"] for r in rs)],
+            "ratio": median([c["remount_ratio"] for c in cs if c["remount_ratio"]] or [0]),
+            "ratio_per_run": [c["remount_ratio"] for c in cs],
+            "remount_complete": all(r["complete"] for r in rs),
+            "server_gets": median([r["server_gets"] for r in rs]),
+            "gets": median([r["gets"] + r["prefetch_gets"] for r in rs]),
+            "tier_hits": median([r["tier_hits"] for r in rs]),
+            "tier_mb_read": median([r["tier_bytes_read"] for r in rs]) / 1e6,
+            "disk_reads": median([r["disk_reads"] for r in rs]),
+            "index_loaded": [r["index_loaded"] for r in rs],
+            "open_seconds": median([r["open_seconds"] for r in rs]),
+            "mount_seconds": median([r["mount_seconds"] for r in rs]),
+            "tier_entries_at_mount": median([r["tier_entries_at_mount"] for r in rs])})
     return out
 
 
@@ -137,6 +189,79 @@ class Bench:
         with open(os.path.join(self.mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
             return json.loads(f.read())
 
+    def read_epochs(self, reader, seed, epochs):
+        """`epochs` shuffled epochs (seeds seed..seed+epochs-1) by `reader` through self.mnt."""
+        a = self.args
+        root = os.path.join(self.mnt, "bench")
+        out_epochs = []
+        if reader == "c":
+            for e in range(epochs):
+                before = counters(self.stats())
+                sg0 = server_gets(self.redis.sock)
+                out = os.path.join(self.workdir, "bench.json")
+                run([self.dsfs, "bench", root, "--pattern", "epochs", "--epochs", 1,
+                     "--jobs", JOBS, "--seed", seed + e, "--drop-caches", "--json", out,
+                     "--duration", f"{a.epoch_seconds}s"], timeout=a.epoch_seconds + 300)
+                with open(out) as f:
+                    doc = json.load(f)
+                if doc["errors"]["count"]:
+                    raise RuntimeError(f"dsfs bench: {doc['errors']['count']} read errors")
+                ep = doc["epochs"][0]
+                out_epochs.append({"files": ep["files"], "seconds": ep["seconds"],
+                                   "files_per_s": ep["files_per_s"],
+                                   "complete": ep.get("complete", ep["files"] == len(self.paths)),
+                                   "server_gets": server_gets(self.redis.sock) - sg0,
+                                   **delta(before, counters(self.stats()))})
+        else:
+            res = subprocess.run(
+                ["/usr/bin/python3", "-c", PY_READER, root, str(seed), str(JOBS),
+                 str(epochs), str(a.epoch_seconds),
+                 os.path.join(self.mnt, ".dsfs", "stats.json")],
+                input="\n".join(self.paths), text=True, capture_output=True,
+                timeout=epochs * (a.epoch_seconds + 120))
+            if res.returncode != 0:
+                raise RuntimeError(f"python reader failed: {res.stderr.strip()}")
+            for e in json.loads(res.stdout):
+                out_epochs.append({"files": e["files"], "seconds": e["seconds"],
+                                   "files_per_s": e["files"] / e["seconds"],
+                                   "complete": e["complete"],
+                                   **delta(counters(e["stats_before"]),
+                                           counters(e["stats_after"]))})
+        return out_epochs
+
+    def remount(self, mount_args, reader, seed):
+        """Unmount (the tier saves its index), drop the page cache, mount again on the same tier
+        directory with the same options and read one more shuffled epoch (seed `seed`)."""
+        self.umount()
+        if os.path.ismount(self.mnt):
+            raise RuntimeError(f"{self.mnt} still mounted after dsfs umount")
+        index = os.path.join(self.tier_dir, "index")
+        index_bytes = os.path.getsize(index) if os.path.exists(index) else None
+        du = run(["du", "-sb", self.tier_dir], check=False).stdout.split()
+        drop_caches()
+        t0 = time.perf_counter()
+        run(mount_args, env=self.env)
+        mount_s = time.perf_counter() - t0
+        pid = mount_daemon_pid(self.mnt)
+        cpu0 = process_usage(pid)["cpu_s"]
+        s = self.stats()
+        tier = s.get("disk_tier") or {}
+        at_mount = counters(s)
+        sg0 = server_gets(self.redis.sock)
+        epoch = self.read_epochs(reader, seed, 1)[0]
+        epoch.setdefault("server_gets", server_gets(self.redis.sock) - sg0)
+        usage = process_usage(pid)
+        return {**epoch, "seed": seed, "mount_seconds": mount_s,
+                "index_loaded": tier.get("index_loaded"), "open_seconds": tier.get("open_seconds"),
+                "tier_entries_at_mount": tier.get("entries"),
+                "tier_bytes_used_at_mount": tier.get("bytes_used"),
+                "stale_temp_files": tier.get("stale_temp_files"),
+                "index_file_bytes": index_bytes,
+                "tier_dir_bytes_before": int(du[0]) if du else None,
+                "counters_at_mount": at_mount,
+                "daemon_cpu_us_per_file": 1e6 * (usage["cpu_s"] - cpu0) / max(epoch["files"], 1),
+                "daemon_hwm_bytes": usage.get("hwm_bytes")}
+
     def case(self, rtt, url, mode, reader, seed):
         a = self.args
         cache = max(1 << 20, int(self.dataset["bytes"] * CACHE_FRACTION))
@@ -147,50 +272,22 @@ class Bench:
             self.tier_dir = tempfile.mkdtemp(prefix="dsfs-tier-", dir=a.disk_dir)
             tier_size = int(self.dataset["bytes"] * 1.01) + 4096 * self.dataset["files"] + (16 << 20)
             args += ["--disk-cache", self.tier_dir, "--disk-cache-size", tier_size]
+        t0 = time.perf_counter()
         run(args, env=self.env)
+        mount_s = time.perf_counter() - t0
         epochs = []
+        remount = None
         try:
-            root = os.path.join(self.mnt, "bench")
             pid = mount_daemon_pid(self.mnt)
             cpu0 = process_usage(pid)["cpu_s"]
             at_mount = counters(self.stats())
             case_gets0 = server_gets(self.redis.sock)
-            if reader == "c":
-                for e in range(a.epochs):
-                    before = counters(self.stats())
-                    sg0 = server_gets(self.redis.sock)
-                    out = os.path.join(self.workdir, "bench.json")
-                    run([self.dsfs, "bench", root, "--pattern", "epochs", "--epochs", 1,
-                         "--jobs", JOBS, "--seed", seed + e, "--drop-caches", "--json", out,
-                         "--duration", f"{a.epoch_seconds}s"], timeout=a.epoch_seconds + 300)
-                    with open(out) as f:
-                        doc = json.load(f)
-                    if doc["errors"]["count"]:
-                        raise RuntimeError(f"dsfs bench: {doc['errors']['count']} read errors")
-                    ep = doc["epochs"][0]
-                    epochs.append({"files": ep["files"], "seconds": ep["seconds"],
-                                   "files_per_s": ep["files_per_s"],
-                                   "complete": ep.get("complete", ep["files"] == len(self.paths)),
-                                   "server_gets": server_gets(self.redis.sock) - sg0,
-                                   **delta(before, counters(self.stats()))})
-            else:
-                res = subprocess.run(
-                    ["/usr/bin/python3", "-c", PY_READER, root, str(seed), str(JOBS),
-                     str(a.epochs), str(a.epoch_seconds),
-                     os.path.join(self.mnt, ".dsfs", "stats.json")],
-                    input="\n".join(self.paths), text=True, capture_output=True,
-                    timeout=a.epochs * (a.epoch_seconds + 120))
-                if res.returncode != 0:
-                    raise RuntimeError(f"python reader failed: {res.stderr.strip()}")
-                for e in json.loads(res.stdout):
-                    epochs.append({"files": e["files"], "seconds": e["seconds"],
-                                   "files_per_s": e["files"] / e["seconds"],
-                                   "complete": e["complete"],
-                                   **delta(counters(e["stats_before"]),
-                                           counters(e["stats_after"]))})
+            epochs = self.read_epochs(reader, seed, a.epochs)
             usage = process_usage(pid)
             at_end = counters(self.stats())
             case_server_gets = server_gets(self.redis.sock) - case_gets0
+            if mode == "disk" and a.remount:
+                remount = self.remount(args, reader, seed + a.epochs)
         finally:
             self.umount()
             if self.tier_dir:
@@ -201,12 +298,18 @@ class Bench:
             else:
                 tier_du = None
         files = sum(e["files"] for e in epochs)
-        return {"rtt_ms": rtt, "mode": mode, "reader": reader, "cache_bytes": cache,
-                "disk_cache_bytes": tier_size, "tier_dir_bytes_after": tier_du,
-                "epochs": epochs, "counters_at_mount": at_mount, "counters_at_end": at_end,
-                "server_gets_all_epochs": case_server_gets,
-                "daemon_cpu_us_per_file": 1e6 * (usage["cpu_s"] - cpu0) / max(files, 1),
-                "daemon_hwm_bytes": usage.get("hwm_bytes")}
+        out = {"rtt_ms": rtt, "mode": mode, "reader": reader, "cache_bytes": cache,
+               "disk_cache_bytes": tier_size, "tier_dir_bytes_after": tier_du,
+               "epochs": epochs, "counters_at_mount": at_mount, "counters_at_end": at_end,
+               "server_gets_all_epochs": case_server_gets,
+               "daemon_cpu_us_per_file": 1e6 * (usage["cpu_s"] - cpu0) / max(files, 1),
+               "daemon_hwm_bytes": usage.get("hwm_bytes"), "mount_seconds": mount_s}
+        if remount:
+            out["remount_epoch"] = remount
+            out["steady_files_per_s"] = steady(out)
+            out["remount_ratio"] = (remount["files_per_s"] / out["steady_files_per_s"]
+                                    if out["steady_files_per_s"] else None)
+        return out
 
     def sweep(self):
         a = self.args
@@ -231,6 +334,17 @@ class Bench:
                     f"[gets {e['gets']}+{e['prefetch_gets']} (server {e.get('server_gets')}), "
                     f"tier hits {e['tier_hits']}, disk_reads {e['disk_reads']}]"
                     for e in c["epochs"]))
+                r = c.get("remount_epoch")
+                if r:
+                    ratio = (f"{c['remount_ratio']:.2f}x steady {c['steady_files_per_s']:.0f}"
+                             if c["remount_ratio"] else "no steady epoch")
+                    log(f"  remount: {r['files_per_s']:.0f}{'' if r['complete'] else ' (cut)'} "
+                        f"files/s = {ratio} [gets {r['gets']}+{r['prefetch_gets']} "
+                        f"(server {r['server_gets']}), tier hits {r['tier_hits']}, "
+                        f"disk_reads {r['disk_reads']}, index_loaded {r['index_loaded']}, "
+                        f"open {r['open_seconds']:.3f} s, mount {r['mount_seconds']:.2f} s, "
+                        f"entries {r['tier_entries_at_mount']}]")
+                self.results["remount_summary"] = remount_summary(self.results)
                 self.save()
         if self.proxy:
             self.proxy.close()
@@ -252,19 +366,37 @@ def plot(results, path):
                              squeeze=False)
     groups = [(rtt, mode) for rtt in cfg["rtts"] for mode in cfg["modes"]]
     n = cfg["epochs"]
-    width = 0.8 / n
+    has_remount = any(c.get("remount_epoch") for c in results["cases"])
+    bars_per_group = n + (1 if has_remount else 0)
+    width = 0.8 / bars_per_group
+    top = 0
     for ax, reader in zip(axes[0], readers):
-        for e in range(n):
-            ys, labels = [], []
-            for rtt, mode in groups:
+        for e in range(bars_per_group):
+            remount = e == n
+            xs, ys, labels = [], [], []
+            for g, (rtt, mode) in enumerate(groups):
                 cs = [c for c in results["cases"] if c["rtt_ms"] == rtt and c["mode"] == mode
-                      and c["reader"] == reader and len(c["epochs"]) > e]
-                y = median([c["epochs"][e]["files_per_s"] for c in cs]) if cs else 0
+                      and c["reader"] == reader
+                      and (c.get("remount_epoch") if remount else len(c["epochs"]) > e)]
+                if remount and not cs:
+                    continue
+                eps = [c["remount_epoch"] if remount else c["epochs"][e] for c in cs]
+                y = median([ep["files_per_s"] for ep in eps]) if eps else 0
+                xs.append(g + (e - (bars_per_group - 1) / 2) * width)
                 ys.append(y)
-                cut = any(not c["epochs"][e]["complete"] for c in cs)
-                labels.append(f"{y:.0f}" + ("*" if cut else ""))
-            bars = ax.bar([g + (e - (n - 1) / 2) * width for g in range(len(groups))], ys,
-                          width, label=f"epoch {e + 1}")
+                cut = any(not ep["complete"] for ep in eps)
+                label = f"{y:.0f}" + ("*" if cut else "")
+                ratios = [c["remount_ratio"] for c in cs if remount and c["remount_ratio"]]
+                if ratios:
+                    label += "\n" + f"{median(ratios):.2f}x"
+                labels.append(label)
+            if not xs:
+                continue
+            top = max([top] + ys)
+            bars = ax.bar(xs, ys, width,
+                          label="after remount (x steady)" if remount else f"epoch {e + 1}",
+                          **({"hatch": "//", "edgecolor": "black", "color": "white"}
+                             if remount else {}))
             ax.bar_label(bars, labels, fontsize=6)
         ax.set_xticks(range(len(groups)),
                       [f"{rtt} ms\n{MODE_LABELS[mode]}" for rtt, mode in groups], fontsize=7)
@@ -273,7 +405,8 @@ def plot(results, path):
         ax.set_title(f"{reader} reader, cache 25%, prefetch auto, median of "
                      f"{cfg.get('runs', 1)} run(s) (* = epoch cut)", fontsize=9)
     axes[0][0].set_ylabel("files/s")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].set_ylim(top=max(top, 100) * 5)  # room for the legend above the bars
+    axes[0][0].legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -299,7 +432,11 @@ def main():
                    help="where the tier's directory is made (/tmp; should be a real disk)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
     p.add_argument("--keep-data", action="store_true")
-    p.add_argument("--name", default="disk_tier")
+    p.add_argument("--no-remount", dest="remount", action="store_false",
+                   help="disk mode: skip the remount epoch (unmount, mount again on the same tier "
+                   "directory, one more shuffled epoch)")
+    p.add_argument("--name", default="disk_tier", help="results are NAME.json, NAME.png "
+                   "(disk_tier)")
     p.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
     args = p.parse_args()
     if args.report_only:
