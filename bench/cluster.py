@@ -160,31 +160,42 @@ class TcpRedis:
 
 
 class TcpProxy:
-    """`dsfs proxy` from a free loopback port to a node's, adding `rtt_ms`."""
+    """`dsfs proxy` from a free loopback port to a node's, adding `rtt_ms`. With `name`, its
+    counters also go to `stats_file` (proxy-NAME-RTT.json) every second."""
 
-    def __init__(self, dsfs, workdir, upstream_port, rtt_ms):
-        port_file = os.path.join(workdir, f"proxy-{upstream_port}.port")
+    def __init__(self, dsfs, workdir, upstream_port, rtt_ms, name=None):
+        base = f"proxy-{upstream_port}" if name is None else f"proxy-{name}-{rtt_ms}"
+        port_file = os.path.join(workdir, f"{base}.port")
+        self.stats_file = None if name is None else os.path.join(workdir, f"{base}.json")
+        stats = [] if name is None else ["--stats-file", self.stats_file]
         realtime = ["--realtime"] if rtt_ms >= 10 and os.geteuid() == 0 else []
         with open(os.path.join(workdir, "proxy.log"), "a") as log_file:
             self.proc = subprocess.Popen(
                 [dsfs, "proxy", "--listen", "127.0.0.1:0", "--port-file", port_file,
-                 "--upstream", f"127.0.0.1:{upstream_port}", "--rtt", f"{rtt_ms}ms", *realtime],
+                 "--upstream", f"127.0.0.1:{upstream_port}", "--rtt", f"{rtt_ms}ms", *stats,
+                 *realtime],
                 stdout=subprocess.DEVNULL, stderr=log_file)
         deadline = time.time() + 20
-        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+        while not (os.path.exists(port_file) and open(port_file).read().strip()
+                   and (self.stats_file is None or os.path.exists(self.stats_file))):
             if self.proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"dsfs proxy to {upstream_port} did not start")
             time.sleep(0.05)
         self.port = int(open(port_file).read().strip())
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGTERM)
+
+
+def stop_process(proc, sig):
+    """Sends `sig` to a child that still runs and reaps it, killing it after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Bench:

@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (REPO, load_average, log, machine_info, median,  # noqa: E402
                     mount_daemon_pid, private_env, process_usage, run, synth_dataset, tree_info,
                     update_docs_section)
-from cluster import TcpRedis, free_port, wait_port  # noqa: E402
+from cluster import TcpProxy, TcpRedis, free_port, stop_process, wait_port  # noqa: E402
 from prefetch import build_source  # noqa: E402
 
 DOCS_START = "<!-- peers.py: start -->"
@@ -131,39 +131,6 @@ print(json.dumps(out))
 """
 
 
-class StatsProxy:
-    """`dsfs proxy` from a free loopback port to `upstream_port`, adding `rtt_ms`, writing its
-    counters to a --stats-file every second."""
-
-    def __init__(self, dsfs, workdir, name, upstream_port, rtt_ms):
-        self.port_file = os.path.join(workdir, f"proxy-{name}-{rtt_ms}.port")
-        self.stats_file = os.path.join(workdir, f"proxy-{name}-{rtt_ms}.json")
-        # Real-time priority keeps releases on time on a busy machine (bench/common.py Proxy).
-        realtime = ["--realtime"] if rtt_ms >= 10 and os.geteuid() == 0 else []
-        with open(os.path.join(workdir, "proxy.log"), "a") as log_file:
-            self.proc = subprocess.Popen(
-                [dsfs, "proxy", "--listen", "127.0.0.1:0", "--port-file", self.port_file,
-                 "--upstream", f"127.0.0.1:{upstream_port}", "--rtt", f"{rtt_ms}ms",
-                 "--stats-file", self.stats_file, *realtime],
-                stdout=subprocess.DEVNULL, stderr=log_file)
-        deadline = time.time() + 20
-        while not (os.path.exists(self.port_file) and open(self.port_file).read().strip()
-                   and os.path.exists(self.stats_file)):
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"dsfs proxy to {upstream_port} did not start")
-            time.sleep(0.05)
-        self.port = int(open(self.port_file).read().strip())
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 class Nginx:
     """A private nginx: its own config, pid file, logs and temp paths in `dir`, serving `root`
     (autoindex: the listing rclone's http backend reads) on a free loopback port, in the
@@ -206,13 +173,7 @@ http {{
         wait_port(self.port, "nginx")
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: fast shutdown, the workers exit with the master
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGTERM)  # fast shutdown, the workers exit with the master
 
 
 class Bench:
@@ -316,13 +277,7 @@ class Bench:
             stop_pid(pid)
         if self.rclone is not None:
             proc, cache_dir = self.rclone
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, signal.SIGTERM)
             if os.path.ismount(self.mnt):
                 run(["umount", "-l", self.mnt], check=False)
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -431,8 +386,8 @@ class Bench:
                 self.record(self.case("tmpfs", None, seed), run_no)
             for rtt in a.rtts:
                 self.proxies = {
-                    "redis": StatsProxy(self.dsfs, self.workdir, "redis", self.redis.port, rtt),
-                    "http": StatsProxy(self.dsfs, self.workdir, "http", self.nginx.port, rtt)}
+                    "redis": TcpProxy(self.dsfs, self.workdir, self.redis.port, rtt, name="redis"),
+                    "http": TcpProxy(self.dsfs, self.workdir, self.nginx.port, rtt, name="http")}
                 try:
                     for peer in a.peers:
                         if peer != "tmpfs":

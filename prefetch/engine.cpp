@@ -107,7 +107,7 @@ void InflightControl::on_fetched(Clock::time_point now) {
 }
 
 bool InflightControl::opened_for_plan() const {
-  return planned_ahead_ > 0 && base_rtt_ >= kFarRtt;
+  return plan_leads_ && base_rtt_ >= kFarRtt;
 }
 
 size_t InflightControl::limit() const {
@@ -271,9 +271,7 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
   }
   was_active_ = true;
   const PlansPredictor& plans = model_->plan();
-  inflight_.set_planned_ahead(model_->leader() == "plan" && plans.entries() > plans.position()
-                                  ? plans.entries() - plans.position()
-                                  : 0);
+  inflight_.set_plan_leads(model_->leader() == "plan" && plans.entries() > plans.position());
   const size_t limit = inflight_.limit();
   const bool opened_for_plan = inflight_.opened_for_plan();
   while (out.size() < room && inflight_objects_ < limit) {

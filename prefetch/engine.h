@@ -62,11 +62,11 @@ class InflightControl {
     window_ = floor_;
     base_rtt_ = std::chrono::nanoseconds{0};
   }
-  // Files a leading plan still names ahead of the readers (0: no plan leads). A planned order
-  // is no guess: on a far link (round trip >= kFarRtt) the window opens at once to twice the
-  // path's bandwidth-delay product, the rate taken from the spacing of the first replies that
-  // arrived back to back (burst_per_s), instead of doubling from the floor every round trip.
-  void set_planned_ahead(size_t files) { planned_ahead_ = files; }
+  // Whether a plan leads with files still ahead of the readers. A planned order is no guess:
+  // on a far link (round trip >= kFarRtt) the window opens at once to twice the path's
+  // bandwidth-delay product, the rate taken from the spacing of the first replies that arrived
+  // back to back (burst_per_s), instead of doubling from the floor every round trip.
+  void set_plan_leads(bool leads) { plan_leads_ = leads; }
   // Whether limit() is the planned opening now.
   bool opened_for_plan() const;
   size_t limit() const;
@@ -87,7 +87,7 @@ class InflightControl {
   size_t floor_;
   size_t max_;
   size_t window_;
-  size_t planned_ahead_ = 0;
+  bool plan_leads_ = false;
   double rate_ = 0;  // files read per second, smoothed
   Clock::time_point rate_since_{};
   uint64_t rate_count_ = 0;

@@ -308,7 +308,7 @@ TEST(InflightControl, APlannedOrderOpensTheWindowToTheBandwidthDelayProductAtOnc
     }
   };
   InflightControl planned(16, 8192);
-  planned.set_planned_ahead(5000);
+  planned.set_plan_leads(true);
   EXPECT_FALSE(planned.opened_for_plan());  // no round trip measured yet
   EXPECT_EQ(planned.limit(), 16u);
   first_window(planned, 100ms);
@@ -325,17 +325,17 @@ TEST(InflightControl, APlannedOrderOpensTheWindowToTheBandwidthDelayProductAtOnc
   EXPECT_NEAR(planned.rtt_ms(), 480, 1);
   EXPECT_NEAR(planned.base_rtt_ms(), 100, 1);
   EXPECT_LE(planned.limit(), opened + 50);
-  planned.set_planned_ahead(0);  // the plan no longer leads: slow start, one more per reply
+  planned.set_plan_leads(false);  // the plan no longer leads: slow start, one more per reply
   EXPECT_FALSE(planned.opened_for_plan());
   EXPECT_EQ(planned.limit(), 32u);
 
   InflightControl small_cache(16, 300);
-  small_cache.set_planned_ahead(5000);
+  small_cache.set_plan_leads(true);
   first_window(small_cache, 100ms);
   EXPECT_EQ(small_cache.limit(), 300u);  // never above max (half the cache)
 
   InflightControl near(16, 8192);
-  near.set_planned_ahead(5000);
+  near.set_plan_leads(true);
   first_window(near, 5ms);  // a local server on a loaded machine
   EXPECT_FALSE(near.opened_for_plan());
   EXPECT_EQ(near.limit(), 32u);
