@@ -92,6 +92,21 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
     predictors.push_back(
         {{"name", p.name}, {"score", p.score}, {"foreseen", p.foreseen}, {"scored", p.scored}});
   }
+  nlohmann::ordered_json nodes = nlohmann::ordered_json::array();
+  for (const prefetch::NodeInflightReport& n : e.nodes) {
+    const prefetch::NodeWindowReport& w = n.window;
+    nodes.push_back({{"address", n.address},
+                     {"replica", n.replica},
+                     {"inflight", w.inflight},
+                     {"held", w.held},
+                     {"limit", w.limit},
+                     {"peak", w.peak},
+                     {"sent", w.sent},
+                     {"opened_for_plan", w.opened_for_plan},
+                     {"rtt_ms", w.rtt_ms},
+                     {"base_rtt_ms", w.base_rtt_ms},
+                     {"burst_per_s", w.burst_per_s}});
+  }
   return {
       {"mode", std::string(prefetch::prefetch_mode_name(e.mode))},
       {"leader", e.leader},
@@ -117,10 +132,12 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
         {"target", e.inflight_limit},
         {"max", e.inflight_max},
         {"peak", e.inflight_peak},
+        {"held", e.inflight_held},
         {"fetches_opened_for_plan", e.fetches_opened_for_plan},
         {"base_rtt_ms", e.base_rtt_ms},
         {"burst_per_s", e.burst_per_s}}},
       {"rtt_ms", e.rtt_ms},
+      {"nodes", nodes},
       {"consumption_files_per_s", e.files_per_s},
       {"connections", e.connections},
       {"gets", e.gets},

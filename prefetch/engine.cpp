@@ -40,93 +40,6 @@ PrefetchMode parse_prefetch_mode(std::string_view text) {
                   text));
 }
 
-// --- InflightControl ---
-
-void InflightControl::on_access(Clock::time_point now) {
-  ++rate_count_;
-  if (rate_since_ == Clock::time_point{}) {
-    rate_since_ = now;
-    return;
-  }
-  const double seconds = std::chrono::duration<double>(now - rate_since_).count();
-  if (seconds > 1) {
-    // A pause (between epochs, say) is not a slow reader: keep the last estimate, so a reader
-    // that resumes at its old pace finds as much in flight as before, and measure afresh.
-    rate_count_ = 1;
-    rate_since_ = now;
-    return;
-  }
-  if (seconds < 0.1) return;
-  const double sample = static_cast<double>(rate_count_) / seconds;
-  rate_ = rate_ == 0 ? sample : 0.7 * rate_ + 0.3 * sample;
-  rate_count_ = 0;
-  rate_since_ = now;
-}
-
-void InflightControl::on_rtt_sample(std::chrono::nanoseconds sample, Clock::time_point now) {
-  if (now - period_start_ > 2s) {
-    last_period_min_ = period_min_;
-    period_min_ = sample;
-    period_start_ = now;
-  } else if (period_min_ == std::chrono::nanoseconds{0} || sample < period_min_) {
-    period_min_ = sample;
-  }
-  rtt_ = last_period_min_ == std::chrono::nanoseconds{0} ? period_min_
-                                                         : std::min(period_min_, last_period_min_);
-  if (base_rtt_ == std::chrono::nanoseconds{0} || sample < base_rtt_) base_rtt_ = sample;
-}
-
-void InflightControl::on_fetched(Clock::time_point now) {
-  if (window_ < max_) ++window_;
-  if (last_fetched_ != Clock::time_point{} && now - last_fetched_ < base_rtt_ / 4) {
-    ++burst_count_;
-    const double seconds = std::chrono::duration<double>(now - burst_start_).count();
-    if (burst_count_ >= kBurstSample && seconds > 0) {
-      burst_rate_ = std::max(burst_rate_, static_cast<double>(burst_count_ - 1) / seconds);
-    }
-  } else {
-    if (burst_count_ < kBurstSample) burst_rate_ *= 0.5;  // no burst lately: forget slowly
-    burst_start_ = now;
-    burst_count_ = 1;
-  }
-  last_fetched_ = now;
-  ++fetched_count_;
-  if (fetched_since_ == Clock::time_point{} || now - fetched_since_ > 1s) {
-    // The first, or the first after a pause: nothing to measure a rate over.
-    fetched_count_ = 1;
-    fetched_since_ = now;
-    return;
-  }
-  // At least a round trip: replies arrive spread over one.
-  if (now - fetched_since_ < std::max<std::chrono::nanoseconds>(50ms, rtt_)) return;
-  const double sample = static_cast<double>(fetched_count_) /
-                        std::chrono::duration<double>(now - fetched_since_).count();
-  fetch_rate_ = std::max(sample, 0.8 * fetch_rate_);
-  fetched_count_ = 0;
-  fetched_since_ = now;
-}
-
-bool InflightControl::opened_for_plan() const {
-  return plan_leads_ && base_rtt_ >= kFarRtt;
-}
-
-size_t InflightControl::limit() const {
-  const double rtt_s = static_cast<double>(rtt_.count()) / 1e9;
-  // A plan's opening: twice the path's bandwidth-delay product, replies queueing included.
-  const double base_rtt_s = static_cast<double>(base_rtt_.count()) / 1e9;
-  const size_t opening =
-      opened_for_plan() ? static_cast<size_t>(2 * burst_rate_ * base_rtt_s) + floor_ : 0;
-  // Twice the bandwidth-delay product: replies also queue behind one another.
-  const auto wanted = static_cast<size_t>(2 * rate_ * rtt_s) + floor_;
-  size_t window = window_;
-  if (fetch_rate_ > 0) {
-    // Four times what the path carried per round trip: twice its bandwidth-delay product, and
-    // room for slow start to double it in the next round trip.
-    window = std::min(window, static_cast<size_t>(4 * fetch_rate_ * rtt_s) + floor_);
-  }
-  return std::clamp(std::max({window, wanted, opening}), floor_, max_);
-}
-
 // --- PrefetchEngine ---
 
 namespace {
@@ -179,12 +92,12 @@ PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
       // A file larger than an eighth of the cache would push out too much that is needed sooner.
       max_prefetch_file_bytes_(cache.capacity_bytes() / 8),
       model_(std::make_unique<PredictionModel>(shape_of(datasets, all_of(datasets)), options.seed)),
-      inflight_(std::max<size_t>(options.connections, 1) * 2,
-                options.max_inflight != 0
-                    ? options.max_inflight
-                    : std::clamp<size_t>(
-                          cache.capacity_bytes() / 2 / mean_file_bytes(datasets, all_of(datasets)),
-                          std::max<size_t>(options.connections, 1) * 2, 8192)) {
+      windows_(std::max<size_t>(options.connections, 1) * 2,
+               options.max_inflight != 0
+                   ? options.max_inflight
+                   : std::clamp<size_t>(
+                         cache.capacity_bytes() / 2 / mean_file_bytes(datasets, all_of(datasets)),
+                         std::max<size_t>(options.connections, 1) * 2, 8192)) {
   options_.connections = std::max<size_t>(options_.connections, 1);
   // The prefetcher may fill the cache but for a tenth kept for reads it did not foresee.
   model_->set_lookahead(static_cast<size_t>(cache.capacity_bytes() * 9 / 10 /
@@ -224,6 +137,13 @@ void PrefetchEngine::stop() {
   work_.notify_all();
   for (std::thread& t : workers_) t.join();
   workers_.clear();
+  // Fetches held for a full node were never sent: readers that joined them fetch for themselves.
+  std::vector<Fetch> held;
+  {
+    std::lock_guard lock(mutex_);
+    held = windows_.drain();
+  }
+  for (const Fetch& f : held) abandon(f, "the mount is stopping");
 }
 
 void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
@@ -236,7 +156,7 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
       spdlog::debug("prefetch: epoch {} begins", model_->epochs().epoch());
       new_epoch_locked();
     }
-    inflight_.on_access(now);
+    windows_.on_access(now);
     last_access_ = now;
     // A read frees room for one more prefetch. Workers with GETs in flight take more work as
     // their replies come; idle ones are woken at most every millisecond, not on every read (a
@@ -265,16 +185,18 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
   if (stopping_) return out;
   const Clock::time_point now = Clock::now();
   if (!active_locked(now)) {
-    if (was_active_) inflight_.on_idle();  // after a pause, ramp up again
+    if (was_active_) windows_.on_idle();  // after a pause, ramp up again
     was_active_ = false;
     return out;
   }
   was_active_ = true;
   const PlansPredictor& plans = model_->plan();
-  inflight_.set_plan_leads(model_->leader() == "plan" && plans.entries() > plans.position());
-  const size_t limit = inflight_.limit();
-  const bool opened_for_plan = inflight_.opened_for_plan();
-  while (out.size() < room && inflight_objects_ < limit) {
+  windows_.set_plan_leads(model_->leader() == "plan" && plans.entries() > plans.position());
+  // Fetches held for a node that now has room go first: they were proposed earlier.
+  std::vector<std::pair<size_t, Fetch>> released;
+  windows_.take_released(room, released);
+  for (auto& [node, f] : released) out.push_back(std::move(f));
+  while (out.size() < room && windows_.propose_more()) {
     if (!held_) {
       if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;
       held_ = model_->propose();
@@ -313,14 +235,18 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
         if (no_room) break;
         continue;
       }
+      std::string redis_key = fetcher_.chunk_key(d, entry, chunk);
+      const auto [route, node] = route_of(redis_key);
       file_fetches.push_back(Fetch{.key = key,
-                                   .redis_key = fetcher_.chunk_key(d, entry, chunk),
+                                   .redis_key = std::move(redis_key),
                                    .length = length,
                                    .dataset = d.index,
                                    .entry = entry,
                                    .verify = verify_,
                                    .rank = held_->rank,
                                    .single_object = chunks == 1,
+                                   .route = route,
+                                   .node = node,
                                    .sent = {}});
     }
     if (no_room) {
@@ -328,15 +254,22 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
       break;  // keep held_ for when room frees up
     }
     held_.reset();
-    if (opened_for_plan) fetches_opened_for_plan_ += file_fetches.size();
     for (Fetch& f : file_fetches) {
       ++inflight_objects_;
       inflight_bytes_ += f.length;
-      out.push_back(std::move(f));
+      // A node whose window is full keeps it until a reply of its own frees room; the others go on.
+      if (windows_.offer(f.node, f) == NodeWindows<Fetch>::Admit::kSend)
+        out.push_back(std::move(f));
     }
   }
   inflight_peak_ = std::max(inflight_peak_, inflight_objects_);
   return out;
+}
+
+std::pair<size_t, size_t> PrefetchEngine::route_of(const std::string& redis_key) const {
+  // Never discovers (the engine's lock is held): the mount found the topology before any read.
+  const size_t route = client_.route_read_known(redis_key).node;
+  return {route, route == store::Client::kNoNode ? 0 : route};
 }
 
 void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
@@ -353,6 +286,10 @@ bool PrefetchEngine::take_from_disk(Fetch& fetch) {
       fetcher_.read_from_disk(*datasets_.get(fetch.dataset), fetch.entry, fetch.key.chunk);
   if (!buffer) return false;
   disk_reads_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mutex_);
+    windows_.on_ended(fetch.node);  // its node's window was never used
+  }
   complete(fetch, std::move(buffer), /*from_redis=*/false);
   return true;
 }
@@ -374,7 +311,6 @@ void PrefetchEngine::complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis
     std::lock_guard lock(mutex_);
     --inflight_objects_;
     inflight_bytes_ -= fetch.length;
-    inflight_.on_fetched(Clock::now());
   }
   if (source_listener_ && fetch.single_object) {
     source_listener_(d, fetch.entry, fetch.rank, std::move(buffer));
@@ -398,6 +334,10 @@ void PrefetchEngine::fetch_loop(size_t worker) {
   uint64_t next_tag = 0;
   auto backoff = 50ms;
   const auto drop_router = [&](const std::string& why) {
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [tag, f] : outstanding) windows_.on_ended(f.node);
+    }
     for (const auto& [tag, f] : outstanding) abandon(f, why);
     outstanding.clear();
     if (router) {
@@ -408,7 +348,7 @@ void PrefetchEngine::fetch_loop(size_t worker) {
   };
   while (!stopping_) {
     // Each worker keeps its share of the in-flight budget.
-    const size_t share = inflight_.max() / options_.connections + 1;
+    const size_t share = windows_.max_total() / options_.connections + 1;
     try {
       if (outstanding.size() < share) {
         std::vector<ReadySource> ready;
@@ -437,17 +377,23 @@ void PrefetchEngine::fetch_loop(size_t worker) {
           }
           std::vector<std::string> keys;
           std::vector<uint64_t> tags;
+          std::vector<size_t> nodes;
           keys.reserve(batch.size());
           tags.reserve(batch.size());
-          const Clock::time_point now = Clock::now();
+          nodes.reserve(batch.size());
           for (Fetch& f : batch) {
             keys.push_back(f.redis_key);
             tags.push_back(next_tag);
-            f.sent = now;
+            nodes.push_back(f.route);
             outstanding.emplace(next_tag++, std::move(f));
           }
           try {
-            router->send(keys, tags);
+            router->send(keys, tags, nodes);
+            // Stamped once sent: a round trip sample must not include connecting to a node
+            // first (a near node's first sample took 10+ ms that way, and its window briefly
+            // took it for a far one).
+            const Clock::time_point sent = Clock::now();
+            for (const uint64_t tag : tags) outstanding.at(tag).sent = sent;
             backoff = 50ms;
           } catch (const store::ConnectionError& e) {
             spdlog::debug("prefetch worker {}: {}", worker, e.what());
@@ -474,7 +420,7 @@ void PrefetchEngine::fetch_loop(size_t worker) {
       const Clock::time_point arrived = Clock::now();
       {
         std::lock_guard lock(mutex_);
-        inflight_.on_rtt_sample(arrived - fetch.sent, arrived);
+        windows_.on_answered(fetch.node, arrived - fetch.sent, arrived);
       }
       finish(fetch, std::move(received.reply));
     } catch (const std::exception& e) {
@@ -509,22 +455,44 @@ void PrefetchEngine::plan_extend(PlanWriter writer, std::span<const PlannedFile>
 }
 
 EngineStats PrefetchEngine::stats() const {
-  std::lock_guard lock(mutex_);
   EngineStats s;
+  {
+    std::lock_guard lock(mutex_);
+    stats_locked(s);
+  }
+  // Addresses from the client, outside the engine's lock.
+  for (NodeInflightReport& n : s.nodes) {
+    try {
+      n.address = client_.address_of(n.window.node);
+      n.replica = client_.is_replica(n.window.node);
+    } catch (const std::out_of_range&) {
+      // Counted as node 0 before the topology was known. (Not a literal: GCC 12's false
+      // -Wrestrict on assigning one, bug 105329.)
+      n.address = fmt::format("node {}", n.window.node);
+    }
+  }
+  return s;
+}
+
+void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.mode = options_.mode;
   s.leader = options_.mode == PrefetchMode::kOff ? "none" : std::string(model_->leader());
   s.epoch = model_->epochs().epoch();
   s.accesses = model_->accesses();
   s.inflight_objects = inflight_objects_;
   s.inflight_bytes = inflight_bytes_;
-  s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : inflight_.limit();
-  s.inflight_max = inflight_.max();
+  s.inflight_limit = options_.mode == PrefetchMode::kOff ? 0 : windows_.limit();
+  s.inflight_max = windows_.max_total();
   s.inflight_peak = inflight_peak_;
-  s.fetches_opened_for_plan = fetches_opened_for_plan_;
-  s.base_rtt_ms = inflight_.base_rtt_ms();
-  s.burst_per_s = inflight_.burst_per_s();
-  s.rtt_ms = inflight_.rtt_ms();
-  s.files_per_s = inflight_.files_per_s();
+  s.inflight_held = windows_.held();
+  s.fetches_opened_for_plan = windows_.opened_for_plan();
+  for (const NodeWindowReport& n : windows_.report()) {
+    s.base_rtt_ms = std::max(s.base_rtt_ms, n.base_rtt_ms);
+    s.rtt_ms = std::max(s.rtt_ms, n.rtt_ms);
+    s.burst_per_s += n.burst_per_s;
+    s.nodes.push_back(NodeInflightReport{.address = {}, .replica = false, .window = n});
+  }
+  s.files_per_s = windows_.files_per_s();
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;
   s.gets = gets_.load(std::memory_order_relaxed);
   s.disk_reads = disk_reads_.load(std::memory_order_relaxed);
@@ -535,7 +503,6 @@ EngineStats PrefetchEngine::stats() const {
   for (const PredictorScore& p : model_->scores()) {
     s.predictors.push_back(PredictorReport{std::string(p.name), p.score, p.foreseen, p.scored});
   }
-  return s;
 }
 
 }  // namespace dsfs::prefetch

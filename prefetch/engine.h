@@ -1,7 +1,8 @@
 #pragma once
 // The prefetch engine: learns the access order from every read, predicts what comes next
 // (predictors.h) and fetches it ahead into the object cache over several Redis connections,
-// each a sliding window of pipelined GETs, storing replies as they arrive. Readers find the
+// each a sliding window of pipelined GETs, storing replies as they arrive; each Redis node has
+// its own in-flight window (node_windows.h). Readers find the
 // objects ready, or join the fetch in flight; a miss is fetched by the reader itself at once
 // (object_fetcher.h), ahead of everything queued here.
 #include <atomic>
@@ -16,10 +17,13 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/dataset_table.h"
+#include "prefetch/inflight_control.h"
+#include "prefetch/node_windows.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "prefetch/predictors.h"
@@ -47,74 +51,11 @@ struct EngineOptions {
   uint64_t seed = 0x5eed;
 };
 
-// The in-flight budget: a bandwidth-delay product from the measured round trip and the rate
-// files are read, reached by slow start and never above max. Pure logic; times are passed in.
-class InflightControl {
- public:
-  using Clock = std::chrono::steady_clock;
-  InflightControl(size_t floor, size_t max) : floor_(floor), max_(max), window_(floor) {}
-
-  void on_access(Clock::time_point now);
-  void on_rtt_sample(std::chrono::nanoseconds sample, Clock::time_point now);
-  // A prefetch completed: slow start (one more in flight), and a sample of the fetch rate.
-  void on_fetched(Clock::time_point now);
-  void on_idle() {
-    window_ = floor_;
-    base_rtt_ = std::chrono::nanoseconds{0};
-  }
-  // Whether a plan leads with files still ahead of the readers. A planned order is no guess:
-  // on a far link (round trip >= kFarRtt) the window opens at once to twice the path's
-  // bandwidth-delay product, the rate taken from the spacing of the first replies that arrived
-  // back to back (burst_per_s), instead of doubling from the floor every round trip.
-  void set_plan_leads(bool leads) { plan_leads_ = leads; }
-  // Whether limit() is the planned opening now.
-  bool opened_for_plan() const;
-  size_t limit() const;
-
-  // Beyond this round trip slow start would take several costly round trips to reach the
-  // bandwidth-delay product; below it the floor is about the product already, and a local
-  // server's replies on a loaded machine can take a few ms (measured: 2-5 ms at 0 ms here).
-  static constexpr std::chrono::milliseconds kFarRtt{10};
-
-  double rtt_ms() const { return rtt_.count() / 1e6; }
-  double base_rtt_ms() const { return base_rtt_.count() / 1e6; }
-  double files_per_s() const { return rate_; }
-  double fetched_per_s() const { return fetch_rate_; }
-  double burst_per_s() const { return burst_rate_; }
-  size_t max() const { return max_; }
-
- private:
-  size_t floor_;
-  size_t max_;
-  size_t window_;
-  bool plan_leads_ = false;
-  double rate_ = 0;  // files read per second, smoothed
-  Clock::time_point rate_since_{};
-  uint64_t rate_count_ = 0;
-  // Prefetches completed per second, the best recent sample: what the path to Redis carries.
-  // Slow start stops at four times this per round trip: past it, more in flight only queues at
-  // the server, where demand reads then wait behind guesses.
-  double fetch_rate_ = 0;
-  Clock::time_point fetched_since_{};
-  uint64_t fetched_count_ = 0;
-  // Completions closer together than a quarter of the round trip are one burst: replies that
-  // queued behind one another on the way, so their spacing is what the path (server, link and
-  // this daemon) carries when the window does not limit it. The best recent burst's rate.
-  static constexpr uint64_t kBurstSample = 8;  // completions a burst needs to be measured
-  double burst_rate_ = 0;
-  Clock::time_point burst_start_{};
-  Clock::time_point last_fetched_{};
-  uint64_t burst_count_ = 0;
-  // Round trip: the smallest GET latency seen in the current and the last 2-second period
-  // (later replies of a pipeline also wait behind earlier ones).
-  std::chrono::nanoseconds rtt_{0};
-  std::chrono::nanoseconds period_min_{0};
-  std::chrono::nanoseconds last_period_min_{0};
-  // The smallest GET latency since the start or the last pause: the link's own delay. The plan's
-  // opening uses it, not rtt_: with the window open, replies wait behind one another for longer
-  // than a period, and a round trip taken from them would open the window further still.
-  std::chrono::nanoseconds base_rtt_{0};
-  Clock::time_point period_start_{};
+// One node's window in stats.json: NodeWindowReport and the node's address.
+struct NodeInflightReport {
+  std::string address;
+  bool replica = false;
+  NodeWindowReport window;
 };
 
 struct PredictorReport {
@@ -129,16 +70,19 @@ struct EngineStats {
   std::string leader;
   uint64_t epoch = 1;
   uint64_t accesses = 0;
-  uint64_t inflight_objects = 0;
+  uint64_t inflight_objects = 0;  // proposed and not here yet: sent, or held for a full node
   uint64_t inflight_bytes = 0;
-  uint64_t inflight_limit = 0;
+  uint64_t inflight_limit = 0;  // every node's window together
   uint64_t inflight_max = 0;
   uint64_t inflight_peak = 0;            // the most objects in flight at once since the mount
-  uint64_t fetches_opened_for_plan = 0;  // sent while the window was open for a plan at once
-  double base_rtt_ms = 0;                // the smallest round trip since the last pause
-  double burst_per_s = 0;                // replies per second within a burst (the path's rate)
-  uint64_t lookahead_files = 0;
+  uint64_t inflight_held = 0;            // proposed for a node whose window is full
+  uint64_t fetches_opened_for_plan = 0;  // sent while their node's window was open for a plan
+  // Of the node farthest away (the largest), for one server its own:
+  double base_rtt_ms = 0;  // the smallest round trip since the last pause
   double rtt_ms = 0;
+  double burst_per_s = 0;  // replies per second within a burst, every node's together
+  uint64_t lookahead_files = 0;
+  std::vector<NodeInflightReport> nodes;  // each node's window, by the client's node index
   double files_per_s = 0;
   size_t connections = 0;
   uint64_t gets = 0;
@@ -211,6 +155,10 @@ class PrefetchEngine {
     bool verify = false;
     uint64_t rank = 0;
     bool single_object = false;  // the whole file is this one object
+    // Where its GET goes (store::Client's node index; kNoNode: routed when sent) and whose
+    // window it counts in (node 0 for kNoNode).
+    size_t route = store::Client::kNoNode;
+    size_t node = 0;
     std::chrono::steady_clock::time_point sent;
   };
   struct ReadySource {
@@ -224,6 +172,8 @@ class PrefetchEngine {
   // Proposed files already cached are added to `ready` (when a source listener is set).
   std::vector<Fetch> next_fetches(size_t room, std::vector<ReadySource>& ready);
   void finish(Fetch& fetch, store::ValueReply reply);
+  // The node a fetch of `redis_key` goes to: Fetch::route and Fetch::node.
+  std::pair<size_t, size_t> route_of(const std::string& redis_key) const;
   // Completes `fetch` from the disk tier when it holds the object; false when it does not.
   bool take_from_disk(Fetch& fetch);
   // Checks (with --verify), caches and hands on a fetched object; from_redis: also write it
@@ -231,6 +181,7 @@ class PrefetchEngine {
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
+  void stats_locked(EngineStats& s) const;  // all but the nodes' addresses; mutex_ held
   // An epoch began: the RAM cache and the disk tier rank last epoch's reads again; mutex_ held.
   void new_epoch_locked();
   ObjectCache& cache_;
@@ -246,10 +197,9 @@ class PrefetchEngine {
   mutable std::mutex mutex_;
   std::condition_variable work_;
   std::unique_ptr<PredictionModel> model_;  // replaced whole by reshape()
-  InflightControl inflight_;
-  uint64_t inflight_objects_ = 0;
+  NodeWindows<Fetch> windows_;              // each node's window, and fetches held for a full one
+  uint64_t inflight_objects_ = 0;           // sent or held
   uint64_t inflight_peak_ = 0;
-  uint64_t fetches_opened_for_plan_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::optional<Proposal> held_;  // proposed, but the cache had no room yet
   std::vector<ObjectKey> held_keys_;

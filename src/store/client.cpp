@@ -367,6 +367,14 @@ size_t Client::route_primary(std::string_view key) {
   return range ? range->primary : kNoNode;
 }
 
+Client::Route Client::route_read_known(std::string_view key) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!topology_) return {};
+  }
+  return route_read(key);
+}
+
 Client::Route Client::route_read(std::string_view key) {
   const auto current = topology();
   const Topology::Range* range = current->range_of(key_slot(key));
@@ -388,6 +396,10 @@ std::unique_ptr<Connection> Client::connect_node(size_t index) {
   ConnectOptions connect = options_.connect;
   connect.readonly = n.replica;
   return std::make_unique<Connection>(n.endpoint, connect);
+}
+
+std::string Client::address_of(size_t index) const {
+  return node_address(node(index).endpoint);
 }
 
 std::string Client::describe_node(size_t index) const {
@@ -838,12 +850,18 @@ GetRouter::NodeStream& GetRouter::stream(size_t node) {
 }
 
 void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t> tags) {
+  send(keys, tags, std::vector<size_t>(keys.size(), Client::kNoNode));
+}
+
+void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t> tags,
+                     std::span<const size_t> nodes) {
   if (interrupted_) throw ConnectionError("the GET router was interrupted");
   client_.refresh_if_stale();
   std::unordered_map<size_t, std::vector<std::string>> by_node;
   std::unordered_map<size_t, std::vector<uint64_t>> tags_by_node;
   for (size_t i = 0; i < keys.size(); ++i) {
-    Client::Route route = client_.route_read(keys[i]);
+    Client::Route route{nodes[i], nodes[i]};
+    if (route.node == Client::kNoNode) route = client_.route_read(keys[i]);
     if (route.node == Client::kNoNode) {
       client_.refresh_topology();
       route = client_.route_read(keys[i]);

@@ -151,10 +151,16 @@ class Client {
     size_t primary = kNoNode;  // the slot's primary (== node unless reading from a replica)
   };
   Route route_read(std::string_view key);
+  // As route_read(), but never finds the topology (no I/O, for a caller holding a lock of its
+  // own): {} while it is unknown.
+  Route route_read_known(std::string_view key);
   size_t route_primary(std::string_view key);
   // A new connection of the caller's own to node `index` (READONLY on a replica).
   std::unique_ptr<Connection> connect_node(size_t index);
   std::string describe_node(size_t index) const;
+  // host:port of node `index` (the socket's path for a single server over a unix socket), as
+  // nodes() names it.
+  std::string address_of(size_t index) const;
   bool is_replica(size_t index) const;  // reached as a replica (its connections send READONLY)
 
   // Reloads the slot map from any node that answers (a no-op for a single server). Throws
@@ -241,6 +247,10 @@ class GetRouter {
   GetRouter& operator=(const GetRouter&) = delete;
 
   void send(std::span<const std::string> keys, std::span<const uint64_t> tags);
+  // As send(), each key to nodes[i] (a Client node index the caller routed it to, so that what
+  // it counts per node is where the GET went); Client::kNoNode: routed here.
+  void send(std::span<const std::string> keys, std::span<const uint64_t> tags,
+            std::span<const size_t> nodes);
   struct Received {
     uint64_t tag = 0;
     ValueReply reply;

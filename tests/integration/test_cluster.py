@@ -13,12 +13,13 @@ import threading
 import time
 import unittest
 
-from harness import DSFS, run, wait_for, is_mounted
+from harness import DSFS, Proxy, run, wait_for, is_mounted
 from test_soak_faults import Readers, sha256, synth_dataset
 
 import random
 import shutil
 import tempfile
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 CACHE_BYTES = 8 << 20
@@ -83,10 +84,10 @@ class ClusterCase(unittest.TestCase):
     def dsfs(self, *args, check=True, **kw):
         return run([DSFS, *map(str, args), "--redis", self.url], check=check, env=self.env, **kw)
 
-    def mount(self, *extra, name="mnt"):
+    def mount(self, *extra, name="mnt", cache=CACHE_BYTES):
         mnt = os.path.join(self.work, name)
         os.makedirs(mnt, exist_ok=True)
-        self.dsfs("mount", mnt, "--cache-size", CACHE_BYTES, *extra)
+        self.dsfs("mount", mnt, "--cache-size", cache, *extra)
         self.mounts.append(mnt)
         self.assertTrue(is_mounted(mnt))
         return mnt
@@ -334,6 +335,83 @@ class FailoverTest(ClusterCase):
         self.assertEqual(replica_readers.wrong, [])
         self.assertEqual(sum(primary_readers.errors.values()), 0, dict(primary_readers.errors))
         self.assertEqual(sum(replica_readers.errors.values()), 0, dict(replica_readers.errors))
+
+
+class FarNodeTest(ClusterCase):
+    """One primary 40 ms away (behind `dsfs proxy --rtt 40ms`, announcing the proxy's port so
+    that the slot map names it), the other two near: the prefetch engine keeps a window per
+    node, each measured on its own replies, so the far node's opens for a plan on its own round
+    trip while the near nodes keep theirs."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start_cluster()
+        cls.proxy = None
+        try:
+            cls.far = cls.primaries[2]
+            cls.proxy = Proxy(cls.tmp, types.SimpleNamespace(port=cls.far, password=None), "40ms")
+            cli(cls.far, "CONFIG", "SET", "cluster-announce-ip", "127.0.0.1")
+            cli(cls.far, "CONFIG", "SET", "cluster-announce-port", cls.proxy.port)
+            wait_for(lambda: all(f"\n{cls.proxy.port}\n" in cli(p, "CLUSTER", "SLOTS")
+                                 for p in cls.primaries), 90,
+                     "every node's slot map to name the far node's proxy")
+        except BaseException:
+            cls.tear_down_far()
+            raise
+
+    @classmethod
+    def tear_down_far(cls):
+        if cls.proxy:
+            cls.proxy.stop()
+        cls.stop_cluster()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tear_down_far()
+
+    def test_a_far_node_gets_a_window_of_its_own(self):
+        expected = self.ingest()
+        mnt = self.mount("--prefetch", "auto", cache=64 << 20)
+        order = sorted(rel for rel in expected if expected[rel][0] > 0)
+        random.Random(2).shuffle(order)
+        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
+            f.write("".join(f"ds/{rel}\n" for rel in order))
+        wrong = []
+
+        def read(rel):
+            with open(os.path.join(mnt, "ds", rel), "rb") as f:
+                data = f.read()
+            if (len(data), sha256(data)) != expected[rel]:
+                wrong.append(rel)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(read, order))
+        self.assertEqual(wrong, [])
+        wait_for(lambda: self.stats(mnt)["prefetch"]["inflight"]["objects"] == 0, 60,
+                 "the prefetches to end")
+        prefetch = self.stats(mnt)["prefetch"]
+        nodes = {n["address"]: n for n in prefetch["nodes"]}
+        far = nodes.get(f"127.0.0.1:{self.proxy.port}")
+        self.assertIsNotNone(far, f"no window for the far node: {prefetch['nodes']}")
+        near = [n for a, n in nodes.items() if a != f"127.0.0.1:{self.proxy.port}"]
+        print("windows per node: " + "; ".join(
+            f"{a} base {n['base_rtt_ms']:.1f} ms, peak {n['peak']}, sent {n['sent']}, opened "
+            f"{n['opened_for_plan']}" for a, n in nodes.items()))
+        self.assertEqual(len(near), 2, prefetch["nodes"])
+        # The far node's window measured its own round trip (the proxy adds 40 ms), and opened
+        # for the plan on it; the near nodes measured theirs, shorter.
+        self.assertGreaterEqual(far["base_rtt_ms"], 35, far)
+        self.assertGreater(far["opened_for_plan"], 0, far)
+        for n in near:
+            self.assertLess(n["base_rtt_ms"], far["base_rtt_ms"], (n, far))
+        # Every node was fetched from, and the windows' counters add up to the engine's.
+        self.assertTrue(all(n["sent"] > 0 for n in nodes.values()), prefetch["nodes"])
+        self.assertEqual(sum(n["opened_for_plan"] for n in nodes.values()),
+                         prefetch["inflight"]["fetches_opened_for_plan"])
+        # Sent or held on a node is proposed and not here yet.
+        self.assertLessEqual(sum(n["inflight"] + n["held"] for n in nodes.values()),
+                             prefetch["inflight"]["objects"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -109,6 +109,9 @@ class PrefetchTest(DsfsTestCase):
         self.assertGreater(inflight["base_rtt_ms"], 15, inflight)
         self.assertGreater(inflight["burst_per_s"], 0, inflight)
         self.assertLessEqual(inflight["peak"], inflight["max"] + 8, inflight)
+        # One server is one node: its window is the engine's (issue 12's per-node windows).
+        self.assertEqual([n["address"] for n in after["nodes"]], [f"127.0.0.1:{self.proxy.port}"])
+        self.assertEqual(after["nodes"][0]["opened_for_plan"], inflight["fetches_opened_for_plan"])
 
     def test_without_a_plan_a_small_cache_beats_prefetching_off(self):
         cache = str(self.dataset_bytes // 10)
