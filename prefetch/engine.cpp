@@ -246,8 +246,7 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
                                    .rank = held_->rank,
                                    .single_object = chunks == 1,
                                    .route = route,
-                                   .node = node,
-                                   .sent = {}});
+                                   .node = node});
     }
     if (no_room) {
       for (const Fetch& f : file_fetches) cache_.abandon_prefetch(f.key, "no room");
@@ -389,11 +388,6 @@ void PrefetchEngine::fetch_loop(size_t worker) {
           }
           try {
             router->send(keys, tags, nodes);
-            // Stamped once sent: a round trip sample must not include connecting to a node
-            // first (a near node's first sample took 10+ ms that way, and its window briefly
-            // took it for a far one).
-            const Clock::time_point sent = Clock::now();
-            for (const uint64_t tag : tags) outstanding.at(tag).sent = sent;
             backoff = 50ms;
           } catch (const store::ConnectionError& e) {
             spdlog::debug("prefetch worker {}: {}", worker, e.what());
@@ -420,7 +414,9 @@ void PrefetchEngine::fetch_loop(size_t worker) {
       const Clock::time_point arrived = Clock::now();
       {
         std::lock_guard lock(mutex_);
-        windows_.on_answered(fetch.node, arrived - fetch.sent, arrived);
+        // From when the router wrote the GET, so connecting to a node first (10+ ms near a
+        // loaded server, several round trips far away) is not taken for distance.
+        windows_.on_answered(fetch.node, arrived - received.sent_at, arrived);
       }
       finish(fetch, std::move(received.reply));
     } catch (const std::exception& e) {

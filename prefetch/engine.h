@@ -159,7 +159,6 @@ class PrefetchEngine {
     // window it counts in (node 0 for kNoNode).
     size_t route = store::Client::kNoNode;
     size_t node = 0;
-    std::chrono::steady_clock::time_point sent;
   };
   struct ReadySource {
     uint32_t dataset = 0;

@@ -39,6 +39,7 @@ void InflightControl::on_rtt_sample(std::chrono::nanoseconds sample, Clock::time
   rtt_ = last_period_min_ == std::chrono::nanoseconds{0} ? period_min_
                                                          : std::min(period_min_, last_period_min_);
   if (base_rtt_ == std::chrono::nanoseconds{0} || sample < base_rtt_) base_rtt_ = sample;
+  ++base_samples_;
 }
 
 void InflightControl::on_fetched(Clock::time_point now) {
@@ -72,7 +73,7 @@ void InflightControl::on_fetched(Clock::time_point now) {
 }
 
 bool InflightControl::opened_for_plan() const {
-  return plan_leads_ && base_rtt_ >= kFarRtt;
+  return plan_leads_ && base_samples_ >= kBurstSample && base_rtt_ >= kFarRtt;
 }
 
 size_t InflightControl::limit(double share) const {

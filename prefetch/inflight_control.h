@@ -21,6 +21,7 @@ class InflightControl {
   void on_idle() {
     window_ = floor_;
     base_rtt_ = std::chrono::nanoseconds{0};
+    base_samples_ = 0;
   }
   // Whether a plan leads with files still ahead of the readers. A planned order is no guess:
   // on a far link (round trip >= kFarRtt) the window opens at once to twice the path's
@@ -82,6 +83,9 @@ class InflightControl {
   // opening uses it, not rtt_: with the window open, replies wait behind one another for longer
   // than a period, and a round trip taken from them would open the window further still.
   std::chrono::nanoseconds base_rtt_{0};
+  // Samples base_rtt_ is the least of: the opening trusts it from kBurstSample on (the first
+  // round trip's replies), not from one slow reply of a near server on a loaded machine.
+  uint64_t base_samples_ = 0;
   Clock::time_point period_start_{};
 };
 

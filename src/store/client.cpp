@@ -826,7 +826,12 @@ struct GetRouter::NodeStream {
   bool replica = false;
   std::unique_ptr<Connection> connection;
   std::unique_ptr<GetStream> stream;
-  std::deque<std::pair<uint64_t, std::string>> sent;  // tag and key, oldest first
+  struct Sent {
+    uint64_t tag;
+    std::string key;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::deque<Sent> sent;  // oldest first
 };
 
 GetRouter::GetRouter(Client& client) : client_(client) {}
@@ -879,9 +884,11 @@ void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t
       NodeStream& s = stream(node);
       s.replica = route_is_replica(node);
       s.stream->send(group);
+      // Once written, after connecting to this node (a round trip or more when far).
+      const auto at = std::chrono::steady_clock::now();
       const std::vector<uint64_t>& group_tags = tags_by_node[node];
       for (size_t k = 0; k < group.size(); ++k) {
-        s.sent.emplace_back(group_tags[k], std::move(group[k]));
+        s.sent.push_back(NodeStream::Sent{group_tags[k], std::move(group[k]), at});
       }
       outstanding_ += group.size();
     }
@@ -932,13 +939,13 @@ GetRouter::Received GetRouter::receive() {
     ++next_;
     if (interrupted_) throw ConnectionError("the GET router was interrupted");
     ValueReply reply = ready->stream->receive();
-    auto [tag, key] = std::move(ready->sent.front());
+    NodeStream::Sent sent = std::move(ready->sent.front());
     ready->sent.pop_front();
     --outstanding_;
     const bool settle = (reply.kind == ValueReply::Kind::kError && must_retry_reply(reply.error)) ||
                         (reply.kind == ValueReply::Kind::kNil && ready->replica);
-    if (settle) reply = client_.get_one(key, client_.options().retry_budget);
-    return Received{tag, std::move(reply)};
+    if (settle) reply = client_.get_one(sent.key, client_.options().retry_budget);
+    return Received{sent.tag, std::move(reply), sent.at};
   } catch (const ConnectionError&) {
     reset();
     throw;

@@ -341,6 +341,29 @@ TEST(InflightControl, APlannedOrderOpensTheWindowToTheBandwidthDelayProductAtOnc
   EXPECT_EQ(near.limit(), 32u);
 }
 
+// The plan's opening trusts the base round trip from the first round trip's replies on, not
+// from one reply: a near server on a loaded machine answered one in 10+ ms now and then (its
+// window opened as if far), and a first reply can include connecting.
+TEST(InflightControl, APlanOpensOnlyOnceAFewRepliesAgreeTheLinkIsFar) {
+  using Clock = InflightControl::Clock;
+  Clock::time_point now{std::chrono::hours(1)};
+  InflightControl near(16, 8192);
+  near.set_plan_leads(true);
+  near.on_rtt_sample(15ms, now);
+  EXPECT_FALSE(near.opened_for_plan());
+  for (int i = 0; i < 8; ++i) near.on_rtt_sample(1ms, now += 100us);
+  EXPECT_FALSE(near.opened_for_plan());
+  InflightControl far(16, 8192);
+  far.set_plan_leads(true);
+  for (int i = 0; i < 7; ++i) far.on_rtt_sample(100ms, now += 100us);
+  EXPECT_FALSE(far.opened_for_plan());
+  far.on_rtt_sample(100ms, now += 100us);
+  EXPECT_TRUE(far.opened_for_plan());
+  far.on_idle();  // a pause: measured afresh
+  far.on_rtt_sample(100ms, now += 3s);
+  EXPECT_FALSE(far.opened_for_plan());
+}
+
 // Far from Redis, slow start must still double the window every round trip: each round trip
 // brings back as many replies as were in flight.
 TEST(InflightControl, FarFromTheServerSlowStartStillDoublesEachRoundTrip) {
