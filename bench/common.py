@@ -194,6 +194,19 @@ def process_usage(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     usage["cpu_s"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    # Context switches of its live threads (voluntary: it slept; nonvoluntary: preempted).
+    usage["voluntary_switches"] = usage["involuntary_switches"] = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key == "voluntary_ctxt_switches":
+                        usage["voluntary_switches"] += int(value)
+                    elif key == "nonvoluntary_ctxt_switches":
+                        usage["involuntary_switches"] += int(value)
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
     return usage
 
 

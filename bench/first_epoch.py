@@ -212,6 +212,9 @@ class Bench:
         inflight = after["prefetch"]["inflight"]
         return {"files": int(files), "seconds": seconds, "files_per_s": files / seconds,
                 "cpu_us_per_file": 1e6 * (end["cpu_s"] - start["cpu_s"]) / max(files, 1),
+                "switches_per_file": {
+                    k: (end[f"{k}_switches"] - start[f"{k}_switches"]) / max(files, 1)
+                    for k in ("voluntary", "involuntary")},
                 "rss_bytes": end["rss_bytes"], "hwm_bytes": end["hwm_bytes"],
                 "cache_bytes": cache, "reads": delta["reads"], "gets": delta["gets"],
                 "stall_p99_us": delta["stall_p99_us"], "leader": delta["leader"],
@@ -245,7 +248,9 @@ class Bench:
                                 runs.setdefault((label, fraction, mode, reader), []).append(fig)
                                 log(f"rtt {rtt} ms, cache {fraction}%, {mode}, {reader}, "
                                     f"{label}, run {rep + 1}: {fig['files_per_s']:.0f} files/s, "
-                                    f"{fig['cpu_us_per_file']:.0f} us CPU/file, reads "
+                                    f"{fig['cpu_us_per_file']:.0f} us CPU/file, "
+                                    f"{fig['switches_per_file']['voluntary']:.1f} + "
+                                    f"{fig['switches_per_file']['involuntary']:.1f} switches/file, reads "
                                     f"{fig['reads']}, peak {fig['inflight_peak']}")
             self.results["raw"].append({"rtt_ms": rtt, "runs": raw, "files_per_s": median(raw)})
             log(f"rtt {rtt} ms, raw Redis: {median(raw):.0f} files/s")
