@@ -254,9 +254,10 @@ class GetRouter {
   struct Received {
     uint64_t tag = 0;
     ValueReply reply;
-    // When its GET was written to its node's socket: after connecting to the node, which a
-    // batch for several nodes does one node after another, so a round trip measured from
-    // before send() would include other nodes' connects (and read as 0 on a far cluster).
+    // When its GET was about to be written to its node's socket: after connecting to the node,
+    // which a batch for several nodes does one node after another, so a round trip measured
+    // around the whole send() would count other nodes' connects (or, taken after it, read
+    // 0.1 ms to nodes 100 ms away).
     std::chrono::steady_clock::time_point sent_at{};
   };
   // The next reply from whichever node answers first; blocks until one does. Needs
