@@ -183,6 +183,11 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
   std::vector<Fetch> out;
   std::lock_guard lock(mutex_);
   if (stopping_) return out;
+  // Fetches held for a node that now has room go first: they were proposed earlier. Even after
+  // reads pause: a reader may be joined to one, and no read would come to wake the engine.
+  std::vector<std::pair<size_t, Fetch>> released;
+  windows_.take_released(room, released);
+  for (auto& [node, f] : released) out.push_back(std::move(f));
   const Clock::time_point now = Clock::now();
   if (!active_locked(now)) {
     if (was_active_) windows_.on_idle();  // after a pause, ramp up again
@@ -192,10 +197,6 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
   was_active_ = true;
   const PlansPredictor& plans = model_->plan();
   windows_.set_plan_leads(model_->leader() == "plan" && plans.entries() > plans.position());
-  // Fetches held for a node that now has room go first: they were proposed earlier.
-  std::vector<std::pair<size_t, Fetch>> released;
-  windows_.take_released(room, released);
-  for (auto& [node, f] : released) out.push_back(std::move(f));
   while (out.size() < room && windows_.propose_more()) {
     if (!held_) {
       if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;

@@ -81,14 +81,16 @@ class PrefetchEngineTest : public ::testing::Test {
   }
 
   void make_engine(uint64_t cache_bytes, PrefetchMode mode,
-                   const std::function<void(PrefetchEngine&)>& before_start = {}) {
+                   const std::function<void(PrefetchEngine&)>& before_start = {},
+                   std::chrono::milliseconds idle_pause = 2000ms) {
     engine_.reset();
     reader_.reset();
     cache_ = std::make_unique<ObjectCache>(cache_bytes);
     reader_ = std::make_unique<FileReader>(*cache_, fetcher_, false);
     if (!table_) table_ = std::make_unique<DatasetTable>(datasets_);
-    engine_ = std::make_unique<PrefetchEngine>(*cache_, fetcher_, *table_, client_, false,
-                                               EngineOptions{.mode = mode, .connections = 3});
+    engine_ = std::make_unique<PrefetchEngine>(
+        *cache_, fetcher_, *table_, client_, false,
+        EngineOptions{.mode = mode, .connections = 3, .idle_pause = idle_pause});
     reader_->set_engine(engine_.get());
     if (before_start) before_start(*engine_);
     engine_->start();
@@ -247,6 +249,26 @@ TEST_F(PrefetchEngineTest, RedisGoingAwayOnlyCostsThePrefetches) {
   for (const uint32_t i : order) read_and_check(i);
   // Nothing stays reserved for prefetches that failed.
   EXPECT_TRUE(eventually([&] { return cache_->stats().reserved_bytes == 0; }));
+}
+
+// A fetch held for a node whose window was full is sent once room frees, even after reads have
+// paused: a reader may be waiting on it (joined), and the pause means no read comes to wake the
+// engine. It once stayed held for good (a reader joined to it would have waited forever).
+TEST_F(PrefetchEngineTest, AFetchHeldForAFullWindowIsSentEvenAfterReadsPause) {
+  make_engine(64 << 20, PrefetchMode::kAuto, {}, /*idle_pause=*/100ms);
+  redis_.stop();  // every send fails: each active round ends with one fetch held
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  plan(order);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().failures > 0; }));
+  // Once the pause has begun, nothing stays held or reserved.
+  EXPECT_TRUE(eventually([&] {
+    const EngineStats s = engine_->stats();
+    return s.inflight_held == 0 && s.inflight_objects == 0;
+  })) << "held "
+      << engine_->stats().inflight_held;
+  EXPECT_TRUE(eventually([&] { return cache_->stats().reserved_bytes == 0; }));
+  redis_.start();
 }
 
 TEST_F(PrefetchEngineTest, APlanIsExtendedInOrderAndReplacedByANewOne) {
