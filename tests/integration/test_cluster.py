@@ -102,6 +102,21 @@ class ClusterCase(unittest.TestCase):
         self.dsfs("ingest", src, "--dataset", "ds", "--chunk-size", "1MiB")
         return expected
 
+    def read_in_order(self, mnt, order, expected, readers):
+        """Reads MOUNT/ds/REL for each of `order` with `readers` threads; the paths whose size or
+        sha256 differ from expected[rel]."""
+        wrong = []
+
+        def read(rel):
+            with open(os.path.join(mnt, "ds", rel), "rb") as f:
+                data = f.read()
+            if (len(data), sha256(data)) != expected[rel]:
+                wrong.append(rel)
+
+        with ThreadPoolExecutor(readers) as pool:
+            list(pool.map(read, order))
+        return wrong
+
     def get_calls(self, port):
         stats = cli(port, "INFO", "commandstats")
         m = re.search(r"cmdstat_get:calls=(\d+)", stats)
@@ -257,18 +272,8 @@ class ClusterTest(ClusterCase):
         wait_for(head_fetched, 120, "the plan's head to be cached")
         calls_before = {p: self.get_calls(p) for p in self.primaries}
         before = self.stats(mnt)["prefetch"]["reads"]
-        wrong = []
-
-        def read(rel):
-            with open(os.path.join(mnt, "ds", rel), "rb") as f:
-                data = f.read()
-            if (len(data), sha256(data)) != expected[rel]:
-                wrong.append(rel)
-
         # Two readers: the engine's lead, not the readers' speed, is under test (ASan runs too).
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(read, order))
-        self.assertEqual(wrong, [])
+        self.assertEqual(self.read_in_order(mnt, order, expected, readers=2), [])
         after = self.stats(mnt)["prefetch"]
         reads = {k: after["reads"][k] - before[k] for k in ("ready", "joined", "miss")}
         hit = (reads["ready"] + reads["joined"]) / sum(reads.values())
@@ -379,17 +384,7 @@ class FarNodeTest(ClusterCase):
         random.Random(2).shuffle(order)
         with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
             f.write("".join(f"ds/{rel}\n" for rel in order))
-        wrong = []
-
-        def read(rel):
-            with open(os.path.join(mnt, "ds", rel), "rb") as f:
-                data = f.read()
-            if (len(data), sha256(data)) != expected[rel]:
-                wrong.append(rel)
-
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(read, order))
-        self.assertEqual(wrong, [])
+        self.assertEqual(self.read_in_order(mnt, order, expected, readers=4), [])
         wait_for(lambda: self.stats(mnt)["prefetch"]["inflight"]["objects"] == 0, 60,
                  "the prefetches to end")
         prefetch = self.stats(mnt)["prefetch"]
