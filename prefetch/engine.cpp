@@ -178,11 +178,16 @@ bool PrefetchEngine::active_locked(Clock::time_point now) const {
   return now - last_access_ < options_.idle_pause || now - plan_written_ < options_.idle_pause;
 }
 
-std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
+std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstanding,
                                                                 std::vector<ReadySource>& ready) {
   std::vector<Fetch> out;
   std::lock_guard lock(mutex_);
   if (stopping_) return out;
+  // Each worker keeps about its share of every window together, so that all connections carry
+  // files of the same stretch of the order.
+  const size_t fair_share = windows_.limit() / options_.connections + kFetchBatch;
+  if (outstanding >= fair_share) return out;
+  const size_t room = std::min(kFetchBatch, fair_share - outstanding);
   // Fetches held for a node that now has room go first: they were proposed earlier. Even after
   // reads pause: a reader may be joined to one, and no read would come to wake the engine.
   std::vector<std::pair<size_t, Fetch>> released;
@@ -263,6 +268,12 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t room,
     }
   }
   inflight_peak_ = std::max(inflight_peak_, inflight_objects_);
+  // A full batch, and the windows take more: another worker takes the next one now rather than
+  // at its next reply or wake-up.
+  if (out.size() == room && idle_workers_ > 0 && windows_.propose_more() &&
+      windows_.inflight() < windows_.limit()) {
+    work_.notify_one();
+  }
   return out;
 }
 
@@ -346,13 +357,28 @@ void PrefetchEngine::fetch_loop(size_t worker) {
     }
     router.reset();
   };
+  const auto ensure_router = [&] {
+    if (router) return;
+    router = std::make_unique<store::GetRouter>(client_);
+    std::lock_guard lock(mutex_);
+    routers_.push_back(router.get());
+    if (stopping_) router->interrupt();  // stop() ran meanwhile
+  };
+  // Far from Redis a new connection waits round trips (the handshake, AUTH) before its first
+  // GET goes out. Connected now, while the mount waits for its first reader, a first epoch's
+  // opening GETs wait one round trip, not three. A failure here waits for the first send.
+  try {
+    ensure_router();
+    for (const size_t node : client_.read_nodes_known()) router->connect(node);
+  } catch (const std::exception& e) {
+    spdlog::debug("prefetch worker {}: connecting ahead: {}", worker, e.what());
+    drop_router(e.what());
+  }
   while (!stopping_) {
-    // Each worker keeps its share of the in-flight budget.
-    const size_t share = windows_.max_total() / options_.connections + 1;
     try {
-      if (outstanding.size() < share) {
+      {
         std::vector<ReadySource> ready;
-        std::vector<Fetch> batch = next_fetches(share - outstanding.size(), ready);
+        std::vector<Fetch> batch = next_fetches(outstanding.size(), ready);
         for (ReadySource& r : ready) {
           source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
         }
@@ -369,12 +395,7 @@ void PrefetchEngine::fetch_loop(size_t worker) {
           if (staged && batch.empty() && outstanding.empty()) continue;
         }
         if (!batch.empty()) {
-          if (!router) {
-            router = std::make_unique<store::GetRouter>(client_);
-            std::lock_guard lock(mutex_);
-            routers_.push_back(router.get());
-            if (stopping_) router->interrupt();  // stop() ran meanwhile
-          }
+          ensure_router();
           std::vector<std::string> keys;
           std::vector<uint64_t> tags;
           std::vector<size_t> nodes;

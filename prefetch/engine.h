@@ -167,9 +167,16 @@ class PrefetchEngine {
     ObjectBuffer buffer;
   };
   void fetch_loop(size_t worker);
-  // Up to `room` fetches the leader proposes that the cache has room for. Empty: nothing now.
-  // Proposed files already cached are added to `ready` (when a source listener is set).
-  std::vector<Fetch> next_fetches(size_t room, std::vector<ReadySource>& ready);
+  // Fetches for a worker with `outstanding` GETs in flight, at most kFetchBatch, that the cache
+  // has room for. Empty: nothing now. Proposed files already cached are added to `ready` (when
+  // a source listener is set). Wakes another worker when the windows have room for more.
+  std::vector<Fetch> next_fetches(size_t outstanding, std::vector<ReadySource>& ready);
+  // The most fetches one worker takes at once. Replies on one connection come back in the order
+  // sent, and the connections share the path: a worker that took the next thousand planned files
+  // would have the readers' next file wait behind them while every other connection's replies
+  // (files far ahead) took their share of the path. Small batches spread consecutive files over
+  // every connection, so files arrive about in the order they are read.
+  static constexpr size_t kFetchBatch = 16;
   void finish(Fetch& fetch, store::ValueReply reply);
   // The node a fetch of `redis_key` goes to: Fetch::route and Fetch::node.
   std::pair<size_t, size_t> route_of(const std::string& redis_key) const;

@@ -391,6 +391,28 @@ Client::Route Client::route_read(std::string_view key) {
   return route;
 }
 
+std::vector<size_t> Client::read_nodes_known() {
+  std::shared_ptr<const Topology> current;
+  {
+    std::lock_guard lock(mutex_);
+    current = topology_;
+  }
+  std::vector<size_t> nodes;
+  if (!current) return nodes;
+  for (const Topology::Range& range : current->ranges) {
+    // As route_read() picks: the primary unless only replicas are read and the range has one.
+    if (options_.read_from != ReadFrom::kReplica || range.replicas.empty()) {
+      nodes.push_back(range.primary);
+    }
+    if (options_.read_from != ReadFrom::kPrimary) {
+      nodes.insert(nodes.end(), range.replicas.begin(), range.replicas.end());
+    }
+  }
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  return nodes;
+}
+
 std::unique_ptr<Connection> Client::connect_node(size_t index) {
   const Node& n = node(index);
   ConnectOptions connect = options_.connect;
@@ -852,6 +874,16 @@ GetRouter::NodeStream& GetRouter::stream(size_t node) {
   if (interrupted_) created->connection->interrupt();
   streams_.push_back(std::move(created));
   return *streams_.back();
+}
+
+void GetRouter::connect(size_t node) {
+  if (interrupted_) throw ConnectionError("the GET router was interrupted");
+  try {
+    stream(node);
+  } catch (const ConnectionError&) {
+    reset();
+    throw;
+  }
 }
 
 void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t> tags) {

@@ -155,6 +155,9 @@ class Client {
   // own): {} while it is unknown.
   Route route_read_known(std::string_view key);
   size_t route_primary(std::string_view key);
+  // The nodes reads go to (the copies options().read_from allows, of every slot range), as
+  // far as the topology is known: empty while it is not. Never finds it (no I/O).
+  std::vector<size_t> read_nodes_known();
   // A new connection of the caller's own to node `index` (READONLY on a replica).
   std::unique_ptr<Connection> connect_node(size_t index);
   std::string describe_node(size_t index) const;
@@ -260,6 +263,9 @@ class GetRouter {
     // 0.1 ms to nodes 100 ms away).
     std::chrono::steady_clock::time_point sent_at{};
   };
+  // Connects to `node` now, if not yet, so the first GETs sent there wait one round trip and
+  // not a handshake's too. Throws ConnectionError as send() does.
+  void connect(size_t node);
   // The next reply from whichever node answers first; blocks until one does. Needs
   // outstanding() > 0.
   Received receive();

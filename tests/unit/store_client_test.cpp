@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <fstream>
@@ -76,6 +77,9 @@ TEST(ClientSingleServer, RoutesEverythingToTheOneServerAndKeepsTheOrder) {
   const std::vector<NodeReport> nodes = client.nodes();
   ASSERT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].slots, kClusterSlots);
+  // Reads go to the one server, whatever --read-from says.
+  ASSERT_EQ(client.read_nodes_known().size(), 1u);
+  EXPECT_EQ(client.read_nodes_known()[0], client.route_read(keys[0]).node);
 }
 
 TEST(ClientSingleServer, ADownServerFailsWithinTheBudgetNamingIt) {
@@ -341,6 +345,64 @@ TEST_F(ClusterTest, RoutedPipelineAndGetRouterReachEveryNode) {
   }
   ASSERT_EQ(received.size(), keys.size());
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(received[1000 + i], values[i]);
+}
+
+// The prefetch engine's workers connect ahead to every node reads go to (issue 17): the nodes
+// are exactly the copies --read-from allows, and a router's connect() opens a connection there.
+TEST_F(ClusterTest, ReadNodesAreTheCopiesReadsGoToAndARouterConnectsToThemAhead) {
+  const std::vector<std::string> keys = keys_over_slots(200);
+  {
+    Client writer({tcp(primaries_[0])});
+    write_keys(writer, keys);
+  }
+  wait_until_replicas_listed();
+  const auto named = [](const std::vector<int>& ports) {
+    std::set<std::string> out;
+    for (const int port : ports) out.insert("127.0.0.1:" + std::to_string(port));
+    return out;
+  };
+  std::vector<int> every = primaries_;
+  every.insert(every.end(), replicas_.begin(), replicas_.end());
+  const std::map<ReadFrom, std::set<std::string>> expected = {
+      {ReadFrom::kPrimary, named(primaries_)},
+      {ReadFrom::kReplica, named(replicas_)},
+      {ReadFrom::kAny, named(every)}};
+  for (const auto& [read_from, addresses] : expected) {
+    SCOPED_TRACE(std::string(to_string(read_from)));
+    ClientOptions options;
+    options.read_from = read_from;
+    Client client({tcp(primaries_[1])}, options);
+    EXPECT_TRUE(client.read_nodes_known().empty());  // never finds the topology itself
+    ASSERT_TRUE(client.is_cluster());
+    const std::vector<size_t> nodes = client.read_nodes_known();
+    std::set<std::string> found;
+    for (const size_t node : nodes) found.insert(client.address_of(node));
+    EXPECT_EQ(found, addresses);
+    for (const std::string& key : keys) {
+      const size_t node = client.route_read(key).node;
+      EXPECT_NE(std::find(nodes.begin(), nodes.end(), node), nodes.end()) << key;
+    }
+  }
+  // connect() opens one connection to each node, before any GET.
+  const auto clients_of = [](int port) {
+    Connection conn(tcp(port));
+    const std::string info(conn.command({"INFO", "clients"}).str());
+    const size_t at = info.find("connected_clients:");
+    return std::stoi(info.substr(at + std::string("connected_clients:").size()));
+  };
+  std::map<int, int> before;
+  for (const int port : every) before[port] = clients_of(port);
+  ClientOptions options;
+  options.read_from = ReadFrom::kAny;
+  Client client({tcp(primaries_[2])}, options);
+  ASSERT_TRUE(client.is_cluster());
+  GetRouter router(client);
+  for (const size_t node : client.read_nodes_known()) router.connect(node);
+  EXPECT_EQ(router.outstanding(), 0u);
+  for (const int port : every) {
+    // + this router's connection; the client's own discovery may add one on its seed
+    EXPECT_GE(clients_of(port), before[port] + 1) << "node " << port;
+  }
 }
 
 TEST_F(ClusterTest, ReplicaReadsLeaveThePrimariesAloneAndANilIsAskedOfThePrimary) {
