@@ -9,7 +9,8 @@ with raw pipelined Redis GETs beside them. One or more builds side by side in on
 Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a private
 redis-server on a unix socket, then for every RTT (0: the server's socket itself, as the
 embedded default reads it; 10, 100: through `dsfs proxy --rtt`), run, cache size, mode, reader
-and build, in that nesting (builds interleaved, so load drifts hit them alike):
+and build, in that nesting (builds interleaved, so load drifts hit them alike, in alternating
+order from run to run):
 
   mount    `dsfs mount --dataset bench --prefetch auto|off --cache-size F x data`, fresh
   reader   c:      `dsfs bench M/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches`
@@ -180,6 +181,7 @@ class Bench:
             pid = mount_daemon_pid(self.mnt)
             before = self.stats()
             start = process_usage(pid)
+            proxy_start = process_usage(self.proxy.proc.pid)["cpu_s"] if self.proxy else 0
             if reader == "c":
                 out = os.path.join(self.workdir, "bench.json")
                 args = [build["dsfs"], "bench", root, "--pattern", "epochs", "--jobs", JOBS,
@@ -205,6 +207,7 @@ class Bench:
                     raise RuntimeError(f"python reader failed: {res.stderr.strip()}")
                 files, seconds = (float(x) for x in res.stdout.split())
             end = process_usage(pid)
+            proxy_end = process_usage(self.proxy.proc.pid)["cpu_s"] if self.proxy else 0
             after = self.stats()
         finally:
             self.umount()
@@ -212,6 +215,9 @@ class Bench:
         inflight = after["prefetch"]["inflight"]
         return {"files": int(files), "seconds": seconds, "files_per_s": files / seconds,
                 "cpu_us_per_file": 1e6 * (end["cpu_s"] - start["cpu_s"]) / max(files, 1),
+                # The latency emulator's own CPU, which a real network would not take from the
+                # readers on this machine.
+                "proxy_cpu_us_per_file": 1e6 * (proxy_end - proxy_start) / max(files, 1),
                 "switches_per_file": {
                     k: (end[f"{k}_switches"] - start[f"{k}_switches"]) / max(files, 1)
                     for k in ("voluntary", "involuntary")},
@@ -243,12 +249,18 @@ class Bench:
                 for fraction in a.caches:
                     for mode in a.modes:
                         for reader in a.readers:
-                            for label, build in self.builds.items():
+                            # Builds alternate in order from run to run, so that what one
+                            # case leaves behind for the next (memory freed, pages to reclaim)
+                            # favours neither: with prefetching off, the same code in both,
+                            # a pair once read 3,882 and 5,385 files/s, first and second.
+                            builds = list(self.builds.items())
+                            for label, build in (builds[::-1] if rep % 2 else builds):
                                 fig = self.epoch(build, url, mode, fraction / 100, reader, seed)
                                 runs.setdefault((label, fraction, mode, reader), []).append(fig)
                                 log(f"rtt {rtt} ms, cache {fraction}%, {mode}, {reader}, "
                                     f"{label}, run {rep + 1}: {fig['files_per_s']:.0f} files/s, "
-                                    f"{fig['cpu_us_per_file']:.0f} us CPU/file, "
+                                    f"{fig['cpu_us_per_file']:.0f} us CPU/file "
+                                    f"(proxy {fig['proxy_cpu_us_per_file']:.0f}), "
                                     f"{fig['switches_per_file']['voluntary']:.1f} + "
                                     f"{fig['switches_per_file']['involuntary']:.1f} switches/file, reads "
                                     f"{fig['reads']}, peak {fig['inflight_peak']}")
