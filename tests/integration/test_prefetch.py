@@ -204,7 +204,8 @@ class PrefetchTest(DsfsTestCase):
         # path. A fetch worker once took as many planned files as the window had room for (500
         # here), so the readers' next file waited behind them on one connection while the
         # others' replies, files far ahead, took their share (issue 17). Each takes at most 16.
-        far = Proxy(self.tmp, self.redis, "50ms")
+        # 100 ms: the window opens to a few hundred at once even on a slow (ASan) build.
+        far = Proxy(self.tmp, self.redis, "100ms")
         try:
             mnt = self.mount_through_proxy(name="far", proxy=far)  # the default cache holds it
             order = self.files[:]
@@ -244,16 +245,18 @@ class PrefetchTest(DsfsTestCase):
             if key in rel_of:
                 sent[client].append(position[rel_of[key]])
         self.assertGreaterEqual(sum(map(len, sent.values())), len(order) // 2)
-        # The window opened wide (a worker could have taken hundreds at once) ...
-        self.assertGreaterEqual(inflight["peak"], 400, inflight)
-        # ... and consecutive planned files went out over several connections: batches of 16,
-        # a few in a row where a worker's next replies came before another worker woke (up to
-        # 117 seen), against 500 and more in one go before.
+        # The window opened wide: a worker could have taken hundreds at once ...
+        peak = inflight["peak"]
+        self.assertGreaterEqual(peak, 200, inflight)
+        # ... and consecutive planned files went out over several connections. Before, one
+        # connection carried them all (617 in a row, peak 984). Now a worker takes 16 at a time
+        # up to about its share of the windows (an eighth, + 16); a run on one connection is
+        # batches it took before another worker woke (up to 169 seen, peak 907).
         runs = {client: longest_run(p) for client, p in sent.items()}
-        print(f"\npeak {inflight['peak']}, longest runs of planned files per connection: "
+        print(f"\npeak {peak}, longest runs of planned files per connection: "
               f"{sorted(runs.values(), reverse=True)}")
-        self.assertLessEqual(max(runs.values()), 200, runs)
         self.assertGreaterEqual(len(sent), 4, runs)
+        self.assertLessEqual(max(runs.values()), peak // 2, runs)
 
     def test_the_prefetch_workers_connect_before_the_first_read(self):
         # Far from Redis a new connection waits round trips (handshake, AUTH) before its first
