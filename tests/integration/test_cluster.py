@@ -33,6 +33,17 @@ def cli(port, *args, check=True):
     return out.stdout.strip()
 
 
+def wait_nodes_agree(port, timeout=60):
+    """Waits until `redis-cli --cluster check` finds every node agreeing on who serves which
+    slot. After a reshard the nodes learn the new owners by gossip, and a reshard started before
+    they agree is refused ("Nodes don't agree about configuration", seen under ASan's load)."""
+    def agreed():
+        res = subprocess.run(["redis-cli", "--cluster", "check", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=60)
+        return res.returncode == 0 and "[ERR]" not in res.stdout
+    wait_for(agreed, timeout, "the cluster's nodes to agree on the slots")
+
+
 class ClusterCase(unittest.TestCase):
     """A cluster started by `dsfs server start --shards 3 --replicas 1` in its own DSFS_HOME:
     once per class (start_cluster in setUpClass), the mounts of each test unmounted after it."""
@@ -173,6 +184,7 @@ class ClusterTest(ClusterCase):
             ids = {p: cli(p, "CLUSTER", "MYID") for p in self.primaries}
             # Move a third of a primary's slots to the next one, and back, while reading.
             for src, dst in [(0, 1), (1, 2), (2, 0)]:
+                wait_nodes_agree(self.primaries[0])
                 run(["redis-cli", "--cluster", "reshard", f"127.0.0.1:{self.primaries[0]}",
                      "--cluster-from", ids[self.primaries[src]],
                      "--cluster-to", ids[self.primaries[dst]],
