@@ -376,51 +376,49 @@ void PrefetchEngine::fetch_loop(size_t worker) {
   }
   while (!stopping_) {
     try {
-      {
-        std::vector<ReadySource> ready;
-        std::vector<Fetch> batch = next_fetches(outstanding.size(), ready);
-        for (ReadySource& r : ready) {
-          source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
+      std::vector<ReadySource> ready;
+      std::vector<Fetch> batch = next_fetches(outstanding.size(), ready);
+      for (ReadySource& r : ready) {
+        source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
+      }
+      if (fetcher_.disk_tier() != nullptr) {
+        // What the disk tier holds is staged from it into RAM here, on this worker (a local
+        // read, no round trip); only the rest goes to Redis.
+        std::vector<Fetch> from_redis;
+        for (Fetch& f : batch) {
+          if (!take_from_disk(f)) from_redis.push_back(std::move(f));
         }
-        if (fetcher_.disk_tier() != nullptr) {
-          // What the disk tier holds is staged from it into RAM here, on this worker (a local
-          // read, no round trip); only the rest goes to Redis.
-          std::vector<Fetch> from_redis;
-          for (Fetch& f : batch) {
-            if (!take_from_disk(f)) from_redis.push_back(std::move(f));
-          }
-          const bool staged = from_redis.size() < batch.size();
-          batch = std::move(from_redis);
-          // Staged alone: room freed at once, so ask for more now rather than idle below.
-          if (staged && batch.empty() && outstanding.empty()) continue;
+        const bool staged = from_redis.size() < batch.size();
+        batch = std::move(from_redis);
+        // Staged alone: room freed at once, so ask for more now rather than idle below.
+        if (staged && batch.empty() && outstanding.empty()) continue;
+      }
+      if (!batch.empty()) {
+        ensure_router();
+        std::vector<std::string> keys;
+        std::vector<uint64_t> tags;
+        std::vector<size_t> nodes;
+        keys.reserve(batch.size());
+        tags.reserve(batch.size());
+        nodes.reserve(batch.size());
+        for (Fetch& f : batch) {
+          keys.push_back(f.redis_key);
+          tags.push_back(next_tag);
+          nodes.push_back(f.route);
+          outstanding.emplace(next_tag++, std::move(f));
         }
-        if (!batch.empty()) {
-          ensure_router();
-          std::vector<std::string> keys;
-          std::vector<uint64_t> tags;
-          std::vector<size_t> nodes;
-          keys.reserve(batch.size());
-          tags.reserve(batch.size());
-          nodes.reserve(batch.size());
-          for (Fetch& f : batch) {
-            keys.push_back(f.redis_key);
-            tags.push_back(next_tag);
-            nodes.push_back(f.route);
-            outstanding.emplace(next_tag++, std::move(f));
-          }
-          try {
-            router->send(keys, tags, nodes);
-            backoff = 50ms;
-          } catch (const store::ConnectionError& e) {
-            spdlog::debug("prefetch worker {}: {}", worker, e.what());
-            drop_router(e.what());
-            std::unique_lock lock(mutex_);
-            work_.wait_for(lock, backoff, [&] { return stopping_.load(); });
-            backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
-            continue;
-          }
-          gets_.fetch_add(keys.size(), std::memory_order_relaxed);
+        try {
+          router->send(keys, tags, nodes);
+          backoff = 50ms;
+        } catch (const store::ConnectionError& e) {
+          spdlog::debug("prefetch worker {}: {}", worker, e.what());
+          drop_router(e.what());
+          std::unique_lock lock(mutex_);
+          work_.wait_for(lock, backoff, [&] { return stopping_.load(); });
+          backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
+          continue;
         }
+        gets_.fetch_add(keys.size(), std::memory_order_relaxed);
       }
       if (outstanding.empty()) {
         std::unique_lock lock(mutex_);
