@@ -10,6 +10,11 @@ import unittest
 
 DSFS = os.environ.get("DSFS_BIN") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", "..", "build", "dsfs"))
+# `dsfs synth` where it only makes a test's data: the ASan stage points this at the release
+# build's binary (scripts/test), since an ASan build at -O0 takes 110 s for 1,000 images that
+# the release one makes in 8 s. Synth itself is tested by its unit tests, and under every build
+# by the tests that still call DSFS for it (test_foundation, test_torchvision, ...).
+SYNTH = os.environ.get("DSFS_SYNTH_BIN") or DSFS
 
 
 def free_port():
@@ -128,6 +133,11 @@ def run(args, check=True, env=None, timeout=600, **kw):
         raise AssertionError(f"command failed ({res.returncode}): {' '.join(map(str, args))}\n"
                              f"stdout:\n{res.stdout}\nstderr:\n{res.stderr}")
     return res
+
+
+def synth_data(dest, *args):
+    """`dsfs synth DEST ARGS...` with SYNTH: test data, the same bytes from any build."""
+    run([SYNTH, "synth", dest, *[str(a) for a in args]])
 
 
 def wait_for(condition, timeout, what):

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets
 
-from harness import DsfsTestCase, Proxy, run, wait_for
+from harness import DsfsTestCase, Proxy, run, synth_data, wait_for
 
 dsfs_torch_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                               "python")
@@ -85,8 +85,7 @@ class PlanRanksTest(DsfsTestCase):
     def setUp(self):
         super().setUp()
         src = os.path.join(self.tmp, "src")
-        self.dsfs("synth", src, "--classes", CLASSES, "--per-class", PER_CLASS, "--seed", "5",
-                  redis=False)
+        synth_data(src, "--classes", CLASSES, "--per-class", PER_CLASS, "--seed", "5")
         self.dsfs("ingest", src, "--dataset", DATASET, "--progress", "none")
         self.crcs = {}
         for d, _, names in os.walk(src):

@@ -8,7 +8,7 @@ import random
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
-from harness import DsfsTestCase, Proxy, wait_for
+from harness import DsfsTestCase, Proxy, synth_data, wait_for
 
 READERS = 8
 
@@ -27,8 +27,7 @@ class PrefetchCase(DsfsTestCase):
     def setUp(self):
         super().setUp()
         src = os.path.join(self.tmp, "src")
-        self.dsfs("synth", src, "--classes", "8", "--per-class", "125", "--seed", "3",
-                  redis=False)
+        synth_data(src, "--classes", "8", "--per-class", "125", "--seed", "3")
         self.dsfs("ingest", src, "--dataset", "pf", "--progress", "none")
         self.files = sorted(os.path.relpath(os.path.join(d, f), src)
                             for d, _, names in os.walk(src) for f in names)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torchvision
 
-from harness import DsfsTestCase
+from harness import DsfsTestCase, synth_data
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
 from dsfs_torch import PlanSampler  # noqa: E402
@@ -29,8 +29,7 @@ class ViewAheadTest(DsfsTestCase):
     def setUp(self):
         super().setUp()
         src = os.path.join(self.tmp, "src")
-        self.dsfs("synth", src, "--classes", "4", "--per-class", "15", "--seed", "5",
-                  redis=False)
+        synth_data(src, "--classes", "4", "--per-class", "15", "--seed", "5")
         self.good = sorted(os.path.relpath(os.path.join(d, f), src)
                            for d, _, names in os.walk(src) for f in names)
         # Undecodable: a JPEG cut off after its header, and text named .jpg.
