@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Where one first epoch spends its time: `.dsfs/stats.json` sampled every 0.1 s while
+`dsfs bench` reads one epoch, printed as one line per sample (issue 17).
+
+    bench/epoch_timeline.py [--build build] [--rtt 100] [--files 10000] [--mode plan|auto]
+
+Synthesizes (or reuses) the dataset of `first_epoch.py` under --data-dir, ingests it into a
+private redis-server on a unix socket, puts `dsfs proxy --rtt` in front of it (none at 0), mounts
+with a cache that holds the data, and reads one epoch with `dsfs bench --pattern epochs --jobs 8
+--drop-caches` (`--plan` in plan mode). Each line: seconds since sampling began, reads so far and
+since the last line, reads that joined a fetch in flight or missed, reader stall seconds added
+(all readers together), GETs sent, fetches in flight and held, the window's target, the base
+round trip, the burst rate and the fetches sent with the plan's window open. Writes the samples
+to --out (JSON). Needs root (mount, drop_caches). A diagnostic, not a side-by-side benchmark:
+its figures go in docs/benchmarks.md only as observations.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Proxy, RedisServer, private_env, run, synth_dataset, tree_info  # noqa: E402
+
+
+def sample_loop(mnt, samples, stop):
+    start = time.perf_counter()
+    stats_path = os.path.join(mnt, ".dsfs", "stats.json")
+    while not stop.is_set():
+        with open(stats_path, "rb", buffering=0) as f:
+            prefetch = json.loads(f.read())["prefetch"]
+        samples.append((time.perf_counter() - start, prefetch))
+        stop.wait(0.1)
+
+
+def print_samples(samples):
+    previous = None
+    for t, p in samples:
+        reads, inflight = p["reads"], p["inflight"]
+        now = (p["accesses"], reads["joined"], reads["miss"], p["stall_us"]["total_s"], p["gets"])
+        d = [a - b for a, b in zip(now, previous or now)]
+        previous = now
+        print(f"{t:5.2f}s reads {now[0]:6d} +{d[0]:5d} joined +{d[1]:4d} miss +{d[2]:3d} "
+              f"stall +{d[3]:5.2f}s gets +{d[4]:5d} in flight {inflight['objects']:5d} "
+              f"held {inflight['held']:4d} target {inflight['target']:5d} "
+              f"base rtt {inflight['base_rtt_ms']:.0f} ms burst {inflight['burst_per_s']:.0f}/s "
+              f"opened {inflight['fetches_opened_for_plan']}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default="build", help="build folder holding dsfs")
+    p.add_argument("--rtt", type=int, default=100, help="ms; 0: the server's own socket")
+    p.add_argument("--files", type=int, default=10000)
+    p.add_argument("--mode", choices=["plan", "auto"], default="plan")
+    p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
+    p.add_argument("--out", default=None,
+                   help="JSON of the samples (default: /tmp/epoch_timeline-MODE-RTTms.json)")
+    args = p.parse_args()
+    dsfs = os.path.join(os.path.abspath(args.build), "dsfs")
+    data, _ = synth_dataset(dsfs, args.data_dir, args.files)
+    workdir = tempfile.mkdtemp(prefix="dsfs-timeline-")
+    env = private_env(workdir)
+    mnt = os.path.join(workdir, "mnt")
+    os.makedirs(mnt)
+    redis = RedisServer(workdir)
+    proxy = None
+    mounted = False
+    samples, stop = [], threading.Event()
+    sampler = threading.Thread(target=sample_loop, args=(mnt, samples, stop))
+    try:
+        run([dsfs, "ingest", data, "--dataset", "bench", "--redis", redis.url,
+             "--progress", "none"], env=env)
+        proxy = Proxy(dsfs, workdir, redis.sock, args.rtt) if args.rtt else None
+        url = proxy.url if proxy else redis.url
+        run([dsfs, "mount", mnt, "--redis", url, "--dataset", "bench", "--prefetch", "auto",
+             "--cache-size", str(tree_info(data)["bytes"]), "--timeout", "120s"], env=env)
+        mounted = True
+        sampler.start()
+        result = os.path.join(workdir, "bench.json")
+        run([dsfs, "bench", os.path.join(mnt, "bench"), "--pattern", "epochs", "--jobs", "8",
+             "--epochs", "1", "--seed", "1000", "--drop-caches", "--json", result,
+             *(["--plan"] if args.mode == "plan" else [])], timeout=600)
+        epoch = json.load(open(result))["epochs"][0]
+    finally:
+        stop.set()
+        if sampler.is_alive():
+            sampler.join()
+        if mounted:
+            run([dsfs, "umount", mnt, "--wait", "60s"], env=env, check=False)
+        if proxy:
+            proxy.close()
+        redis.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_samples(samples)
+    print(f"epoch: {epoch['files_per_s']:.0f} files/s over {epoch['seconds']:.2f} s "
+          f"({args.mode}, {args.rtt} ms, {args.files} files)")
+    out = args.out or f"/tmp/epoch_timeline-{args.mode}-{args.rtt}ms.json"
+    with open(out, "w") as f:
+        json.dump({"rtt_ms": args.rtt, "mode": args.mode, "files": args.files,
+                   "epoch": epoch, "samples": samples}, f)
+    print(f"samples: {out}")
+
+
+if __name__ == "__main__":
+    main()
