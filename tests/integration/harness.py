@@ -11,8 +11,8 @@ import unittest
 DSFS = os.environ.get("DSFS_BIN") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", "..", "build", "dsfs"))
 # `dsfs synth` where it only makes a test's data: the ASan stage points this at the release
-# build's binary (scripts/test), since an ASan build at -O0 takes 110 s for 1,000 images that
-# the release one makes in 8 s. Synth itself is tested by its unit tests, and under every build
+# build's binary (scripts/test), since an ASan build at -O0 takes 140 s for 1,000 images that
+# the release one makes in 7 s. Synth itself is tested by its unit tests, and under every build
 # by the tests that still call DSFS for it (test_foundation, test_torchvision, ...).
 SYNTH = os.environ.get("DSFS_SYNTH_BIN") or DSFS
 
