@@ -4,8 +4,8 @@
 
     bench/epoch_timeline.py [--build build] [--rtt 100] [--files 10000] [--mode plan|auto]
 
-Synthesizes (or reuses) the dataset of `first_epoch.py` under --data-dir, ingests it into a
-private redis-server on a unix socket, puts `dsfs proxy --rtt` in front of it (none at 0), mounts
+With `first_epoch.py`'s set-up (its `Bench`): the same dataset under --data-dir (kept), ingested
+into a private redis-server on a unix socket, `dsfs proxy --rtt` in front of it (none at 0); mounts
 with a cache that holds the data, and reads one epoch with `dsfs bench --pattern epochs --jobs 8
 --drop-caches` (`--plan` in plan mode). Each line: seconds since sampling began, reads so far and
 since the last line, reads that joined a fetch in flight or missed, reader stall seconds added
@@ -17,23 +17,19 @@ its figures go in docs/benchmarks.md only as observations.
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Proxy, RedisServer, private_env, run, synth_dataset, tree_info  # noqa: E402
+from common import run  # noqa: E402
+from first_epoch import Bench  # noqa: E402
 
 
-def sample_loop(mnt, samples, stop):
+def sample_loop(bench, samples, stop):
     start = time.perf_counter()
-    stats_path = os.path.join(mnt, ".dsfs", "stats.json")
     while not stop.is_set():
-        with open(stats_path, "rb", buffering=0) as f:
-            prefetch = json.loads(f.read())["prefetch"]
-        samples.append((time.perf_counter() - start, prefetch))
+        samples.append((time.perf_counter() - start, bench.stats()["prefetch"]))
         stop.wait(0.1)
 
 
@@ -61,41 +57,30 @@ def main():
     p.add_argument("--out", default=None,
                    help="JSON of the samples (default: /tmp/epoch_timeline-MODE-RTTms.json)")
     args = p.parse_args()
-    dsfs = os.path.join(os.path.abspath(args.build), "dsfs")
-    data, _ = synth_dataset(dsfs, args.data_dir, args.files)
-    workdir = tempfile.mkdtemp(prefix="dsfs-timeline-")
-    env = private_env(workdir)
-    mnt = os.path.join(workdir, "mnt")
-    os.makedirs(mnt)
-    redis = RedisServer(workdir)
-    proxy = None
-    mounted = False
+    # first_epoch.py's set-up: the same dataset (kept for the next run), Redis, proxy, mount.
+    bench = Bench(argparse.Namespace(builds=[args.build], labels=["timeline"], files=args.files,
+                                     data_dir=args.data_dir, keep_data=True, epoch_seconds=600,
+                                     name="epoch_timeline", results_dir=None))
+    dsfs = bench.dsfs
     samples, stop = [], threading.Event()
-    sampler = threading.Thread(target=sample_loop, args=(mnt, samples, stop))
+    sampler = threading.Thread(target=sample_loop, args=(bench, samples, stop))
     try:
-        run([dsfs, "ingest", data, "--dataset", "bench", "--redis", redis.url,
-             "--progress", "none"], env=env)
-        proxy = Proxy(dsfs, workdir, redis.sock, args.rtt) if args.rtt else None
-        url = proxy.url if proxy else redis.url
-        run([dsfs, "mount", mnt, "--redis", url, "--dataset", "bench", "--prefetch", "auto",
-             "--cache-size", str(tree_info(data)["bytes"]), "--timeout", "120s"], env=env)
-        mounted = True
+        bench.start()
+        url = bench.url_for(args.rtt)
+        run([dsfs, "mount", bench.mnt, "--redis", url, "--dataset", "bench", "--prefetch", "auto",
+             "--cache-size", bench.dataset["bytes"], "--timeout", "120s"], env=bench.env)
         sampler.start()
-        result = os.path.join(workdir, "bench.json")
-        run([dsfs, "bench", os.path.join(mnt, "bench"), "--pattern", "epochs", "--jobs", "8",
-             "--epochs", "1", "--seed", "1000", "--drop-caches", "--json", result,
+        result = os.path.join(bench.workdir, "bench.json")
+        run([dsfs, "bench", os.path.join(bench.mnt, "bench"), "--pattern", "epochs", "--jobs", 8,
+             "--epochs", 1, "--seed", 1000, "--drop-caches", "--json", result,
              *(["--plan"] if args.mode == "plan" else [])], timeout=600)
-        epoch = json.load(open(result))["epochs"][0]
+        with open(result) as f:
+            epoch = json.load(f)["epochs"][0]
     finally:
         stop.set()
         if sampler.is_alive():
             sampler.join()
-        if mounted:
-            run([dsfs, "umount", mnt, "--wait", "60s"], env=env, check=False)
-        if proxy:
-            proxy.close()
-        redis.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        bench.close()
     print_samples(samples)
     print(f"epoch: {epoch['files_per_s']:.0f} files/s over {epoch['seconds']:.2f} s "
           f"({args.mode}, {args.rtt} ms, {args.files} files)")
