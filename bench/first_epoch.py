@@ -199,7 +199,7 @@ class Bench:
                 drop_caches()
                 plan = os.path.join(self.mnt, ".dsfs", "plan") if spec["plan"] else ""
                 res = subprocess.run(
-                    ["/usr/bin/python3", "-c", PY_READER, root, str(seed), plan, str(JOBS),
+                    [sys.executable, "-c", PY_READER, root, str(seed), plan, str(JOBS),
                      str(self.args.epoch_seconds)],
                     input="\n".join(self.paths), text=True, capture_output=True,
                     timeout=max(600, 20 * self.args.epoch_seconds))
@@ -223,6 +223,9 @@ class Bench:
                     for k in ("voluntary", "involuntary")},
                 "rss_bytes": end["rss_bytes"], "hwm_bytes": end["hwm_bytes"],
                 "cache_bytes": cache, "reads": delta["reads"], "gets": delta["gets"],
+                # Guesses: bytes fetched ahead, read by a reader, evicted before any read.
+                "prefetched_bytes": delta["prefetched_bytes"], "used_bytes": delta["used_bytes"],
+                "wasted_bytes": delta["wasted_bytes"],
                 "stall_p99_us": delta["stall_p99_us"], "leader": delta["leader"],
                 "inflight_peak": inflight.get("peak"),
                 "fetches_opened_for_plan": inflight.get("fetches_opened_for_plan")}
@@ -263,7 +266,9 @@ class Bench:
                                     f"(proxy {fig['proxy_cpu_us_per_file']:.0f}), "
                                     f"{fig['switches_per_file']['voluntary']:.1f} + "
                                     f"{fig['switches_per_file']['involuntary']:.1f} switches/file, reads "
-                                    f"{fig['reads']}, peak {fig['inflight_peak']}")
+                                    f"{fig['reads']}, peak {fig['inflight_peak']}, prefetched "
+                                    f"{fig['prefetched_bytes'] / 2**20:.0f} MiB (wasted "
+                                    f"{fig['wasted_bytes'] / 2**20:.0f})")
             self.results["raw"].append({"rtt_ms": rtt, "runs": raw, "files_per_s": median(raw)})
             log(f"rtt {rtt} ms, raw Redis: {median(raw):.0f} files/s")
             for (label, fraction, mode, reader), figs in runs.items():

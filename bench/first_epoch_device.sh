@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Issue 17's first-epoch benchmark (bench/first_epoch.py) on a machine with many cores, such as the
+# device machine lent to some sessions (16 cores), where dsfs, Redis, the latency proxy and the
+# readers do not share two CPUs. Separates what dsfs costs from what a 2-core VM imposes.
+#
+#   bench/first_epoch_device.sh --bundle [BUILD]   here: BUILD's dsfs, dsfs_bench_redis_raw and
+#                                 view_cuda_test (default build-lead), stripped, with redis-server
+#                                 and every shared library they load beyond the C runtime, as
+#                                 build-device-bundle/bundle.tar.xz (build-* is git-ignored)
+#   bench/first_epoch_device.sh [first_epoch.py options]   there (as root; carry
+#                                 build-device-bundle): unpacks the bundle, runs view_cuda_test
+#                                 when a GPU is there (60 s bound), then first_epoch.py with the
+#                                 bundled build and the options given (results under $OUT when
+#                                 set, else bench/results; the docs are left alone)
+#   bench/first_epoch_device.sh timeline [epoch_timeline.py options]   there: the same set-up,
+#                                 then epoch_timeline.py (stats.json every 0.1 s through one
+#                                 epoch) instead, its samples to $OUT/epoch_timeline.json
+#
+# The binaries run through wrappers that set LD_LIBRARY_PATH for them alone, so the machine's own
+# Python is not handed the bundle's libraries.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bundle=${BUNDLE_DIR:-$repo/build-device-bundle}
+
+if [[ ${1:-} == --bundle ]]; then
+  build=$(cd "${2:-$repo/build-lead}" && pwd)
+  staging=$(mktemp -d /tmp/device_bundle.XXXXXX)
+  trap 'rm -rf "$staging"' EXIT
+  mkdir -p "$staging/real" "$staging/libs"
+  cp "$build/dsfs" "$build/bench/dsfs_bench_redis_raw" "$(command -v redis-server)" "$staging/real/"
+  [[ -x $build/tests/view_cuda_test ]] && cp "$build/tests/view_cuda_test" "$staging/real/"
+  strip "$staging"/real/*
+  ldd "$staging"/real/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so' |
+    xargs -r cp -L -t "$staging/libs/"
+  git -C "$repo" rev-parse --short HEAD >"$staging/source"
+  sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt" >"$staging/build_type"
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  tar -C "$staging" -cJf "$bundle/bundle.tar.xz" real libs source build_type
+  echo "bundle ready: $(du -h "$bundle/bundle.tar.xz" | cut -f1) in $bundle (built from $build)"
+  exit 0
+fi
+
+[[ $(id -u) -eq 0 ]] || { echo "first_epoch_device.sh: needs root (FUSE mounts)" >&2; exit 1; }
+[[ -f $bundle/bundle.tar.xz ]] ||
+  { echo "first_epoch_device.sh: no $bundle/bundle.tar.xz; run --bundle where dsfs is built" >&2; exit 1; }
+out=${OUT:-$repo/bench/results}
+mkdir -p "$out"
+work=$(mktemp -d /tmp/first_epoch_device.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+tar -C "$work" -xJf "$bundle/bundle.tar.xz"
+mkdir -p "$work/build/bench" "$work/bin"
+wrap() {  # wrap NAME TARGET: TARGET runs the bundled NAME with the bundle's libraries
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$work/libs" "$work/real/$1" >"$2"
+  chmod +x "$2"
+}
+wrap dsfs "$work/build/dsfs"
+wrap dsfs_bench_redis_raw "$work/build/bench/dsfs_bench_redis_raw"
+wrap redis-server "$work/bin/redis-server"
+export PATH=$work/bin:$PATH
+# What bench/prefetch.py's build_source reads: the build's CMakeCache and a .commit beside its
+# source, so the results name the commit the bundle was built from.
+mkdir -p "$work/src"
+cp "$work/source" "$work/src/.commit"
+printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_BUILD_TYPE:STRING=%s\n' "$work/src" \
+  "$(cat "$work/build_type")" >"$work/build/CMakeCache.txt"
+echo "bundle from $(cat "$work/source"); $(nproc) CPUs; kernel $(uname -r)"
+
+# FUSE: the device must exist (a VM's kernel may have it built in with no node made).
+if [[ ! -c /dev/fuse ]]; then
+  mknod -m 666 /dev/fuse c 10 229 2>/dev/null || true
+fi
+[[ -c /dev/fuse ]] || { echo "first_epoch_device.sh: no /dev/fuse on this machine" >&2; exit 1; }
+
+if [[ -x $work/real/view_cuda_test ]] && command -v nvidia-smi >/dev/null; then
+  LD_LIBRARY_PATH=$work/libs timeout 60 "$work/real/view_cuda_test" --gtest_brief=1 \
+    >"$out/view_cuda_test.log" 2>&1 && echo "view_cuda_test: passed" ||
+    echo "view_cuda_test: FAILED or timed out (exit $?); see view_cuda_test.log"
+  grep -E "PASSED|FAILED|SKIPPED" "$out/view_cuda_test.log" | head -n 5 || true
+fi
+
+if [[ ${1:-} == timeline ]]; then
+  shift
+  PYTHONUNBUFFERED=1 python3 "$repo/bench/epoch_timeline.py" --build "$work/build" \
+    --data-dir "$work/data" --out "$out/epoch_timeline.json" "$@" 2>&1 |
+    tee -a "$out/epoch_timeline.log"
+  exit "${PIPESTATUS[0]}"
+fi
+PYTHONUNBUFFERED=1 python3 "$repo/bench/first_epoch.py" --builds "$work/build" --labels device \
+  --results-dir "$out" --no-docs --data-dir "$work/data" "$@" 2>&1 | tee -a "$out/first_epoch_device.log"
