@@ -4,7 +4,7 @@ the dataset, without and with `dsfs mount --disk-cache DIR --disk-cache-size SIZ
 sized to hold the whole dataset), at 0 and 100 ms from Redis.
 
     bench/disk_tier.py [--build build] [--runs 1] [--files 2000] [--rtts 0,100] [--epochs 3]
-                       [--epoch-seconds 40] [--readers c,python] [--disk-dir /tmp] [--no-remount]
+                       [--epoch-seconds 40] [--readers c,python,plan] [--disk-dir /tmp] [--no-remount]
                        [--name disk_tier] [--quick]
 
 Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a private
@@ -16,7 +16,10 @@ reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's fil
 
 - c: one `dsfs bench MOUNT/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches --seed S+E
   --duration EPOCH_SECONDS` per epoch;
-- python: 8 threads, `open(p, "rb").read()` per file (bench/cluster.py's reader).
+- python: 8 threads, `open(p, "rb").read()` per file (bench/cluster.py's reader);
+- plan: the c reader with `--plan`: each epoch's order is written to MOUNT/.dsfs/plan before it
+  (the issue's "the same with a plan", which must keep its figure of reads found ready:
+  `reads_ready` / `reads_joined` / `reads_miss` per epoch, from stats.json).
 
 An epoch longer than --epoch-seconds is cut there (its files/s is still a rate). Per epoch:
 files/s, and from stats.json (before/after) Redis GETs (`redis_ops.gets`), bytes from Redis,
@@ -71,7 +74,8 @@ def counters(s):
                                                    "bytes_written", "writes_dropped",
                                                    "checksum_failures", "read_errors",
                                                    "write_errors", "evictions")},
-            "tier_bytes_used": d.get("bytes_used", 0), "tier_entries": d.get("entries", 0)}
+            "tier_bytes_used": d.get("bytes_used", 0), "tier_entries": d.get("entries", 0),
+            **{f"reads_{k}": s["prefetch"]["reads"][k] for k in ("ready", "joined", "miss")}}
 
 
 def delta(before, after):
@@ -194,14 +198,15 @@ class Bench:
         a = self.args
         root = os.path.join(self.mnt, "bench")
         out_epochs = []
-        if reader == "c":
+        if reader in ("c", "plan"):
             for e in range(epochs):
                 before = counters(self.stats())
                 sg0 = server_gets(self.redis.sock)
                 out = os.path.join(self.workdir, "bench.json")
                 run([self.dsfs, "bench", root, "--pattern", "epochs", "--epochs", 1,
                      "--jobs", JOBS, "--seed", seed + e, "--drop-caches", "--json", out,
-                     "--duration", f"{a.epoch_seconds}s"], timeout=a.epoch_seconds + 300)
+                     "--duration", f"{a.epoch_seconds}s", *(["--plan"] if reader == "plan" else [])],
+                    timeout=a.epoch_seconds + 300)
                 with open(out) as f:
                     doc = json.load(f)
                 if doc["errors"]["count"]:
@@ -427,7 +432,7 @@ def main():
     p.add_argument("--epoch-seconds", type=int, default=None,
                    help="cut an epoch after this long (40; --quick 10)")
     p.add_argument("--modes", default=",".join(MODES), help="none,disk")
-    p.add_argument("--readers", default="c,python", help="c,python")
+    p.add_argument("--readers", default="c,python", help="c,python,plan (c,python)")
     p.add_argument("--disk-dir", default="/tmp",
                    help="where the tier's directory is made (/tmp; should be a real disk)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
@@ -452,6 +457,9 @@ def main():
     args.epoch_seconds = args.epoch_seconds or (10 if q else 40)
     args.modes = args.modes.split(",")
     args.readers = args.readers.split(",")
+    for r in args.readers:
+        if r not in ("c", "python", "plan"):
+            sys.exit(f"bench: unknown reader {r!r}; choose from c, python, plan")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     bench = Bench(args)
