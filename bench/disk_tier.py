@@ -221,7 +221,7 @@ class Bench:
             res = subprocess.run(
                 ["/usr/bin/python3", "-c", PY_READER, root, str(seed), str(JOBS),
                  str(epochs), str(a.epoch_seconds),
-                 os.path.join(self.mnt, ".dsfs", "stats.json")],
+                 os.path.join(self.mnt, ".dsfs", "stats.json"), "", "bench/"],
                 input="\n".join(self.paths), text=True, capture_output=True,
                 timeout=epochs * (a.epoch_seconds + 120))
             if res.returncode != 0:
