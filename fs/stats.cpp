@@ -76,6 +76,7 @@ nlohmann::ordered_json cache_json(const prefetch::CacheStats& c) {
           {"evictions", c.evictions},
           {"too_large", c.too_large},
           {"not_kept", c.not_kept},
+          {"victims_examined", c.victims_examined},
           {"reserved_bytes", c.reserved_bytes}};
 }
 

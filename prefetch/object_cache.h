@@ -56,6 +56,10 @@ struct CacheStats {
   uint64_t prefetched_bytes = 0;   // bytes prefetches brought in
   uint64_t used_bytes = 0;         // of those, bytes a reader asked for before they left
   uint64_t wasted_bytes = 0;       // of those, bytes evicted before any reader asked for them
+  // Objects the searches for room looked at. Each search stops where nothing further may go for
+  // its newcomer, so this grows with the evictions and the objects held by readers, not with
+  // the cache's size.
+  uint64_t victims_examined = 0;
 };
 
 // How a get_many call found its objects: the worst of its keys.
