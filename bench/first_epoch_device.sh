@@ -27,13 +27,9 @@ if [[ ${1:-} == --bundle ]]; then
   build=$(cd "${2:-$repo/build-lead}" && pwd)
   staging=$(mktemp -d /tmp/device_bundle.XXXXXX)
   trap 'rm -rf "$staging"' EXIT
-  mkdir -p "$staging/real" "$staging/libs"
-  cp "$build/dsfs" "$build/bench/dsfs_bench_redis_raw" "$(command -v redis-server)" "$staging/real/"
-  [[ -x $build/tests/view_cuda_test ]] && cp "$build/tests/view_cuda_test" "$staging/real/"
-  strip "$staging"/real/*
-  ldd "$staging"/real/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so' |
-    xargs -r cp -L -t "$staging/libs/"
+  binaries=("$build/dsfs" "$build/bench/dsfs_bench_redis_raw" "$(command -v redis-server)")
+  [[ -x $build/tests/view_cuda_test ]] && binaries+=("$build/tests/view_cuda_test")
+  "$repo/bench/pack_binaries.sh" "$staging/real" "$staging/libs" "${binaries[@]}"
   git -C "$repo" rev-parse --short HEAD >"$staging/source"
   sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt" >"$staging/build_type"
   rm -rf "$bundle"

@@ -53,15 +53,8 @@ if [[ ${1:-} == --bundle ]]; then
   build_release "$(mktemp /tmp/view_gpu_build.XXXXXX.log)"
   staging=$(mktemp -d /tmp/view_gpu_bundle.XXXXXX)
   trap 'rm -rf "$staging"' EXIT
-  mkdir -p "$staging/bin" "$staging/libs"
-  cp "$build/dsfs" "$build/tests/view_cuda_test" "$build/bench/dsfs_bench_view_backend" \
-     "$staging/bin/"
-  strip "$staging"/bin/*
-  # Every library the binaries load except the C runtime, which any x86-64 Linux has (a newer
-  # glibc/libstdc++ there runs binaries built against an older one).
-  ldd "$staging"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so' |
-    xargs -r cp -L -t "$staging/libs/"
+  "$repo/bench/pack_binaries.sh" "$staging/bin" "$staging/libs" "$build/dsfs" \
+    "$build/tests/view_cuda_test" "$build/bench/dsfs_bench_view_backend"
   # Compressed: uncompressed the libraries (ICU's data above all) are near the carry limit.
   rm -rf "$bundle"
   mkdir -p "$bundle"
