@@ -55,6 +55,11 @@ double cpu_seconds() {
          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 struct Outcome {
   uint64_t objects = 0;
   uint64_t bytes = 0;
@@ -265,8 +270,9 @@ int main(int argc, char** argv) {
         const double cpu0 = cpu_seconds();
         const auto start = std::chrono::steady_clock::now();
         Outcome o;
-        std::vector<dsfs::prefetch::ObjectBuffer> held(hold ? objects : 0);
+        std::vector<dsfs::prefetch::ObjectBuffer> held;
         if (c.method == "tier.get") {
+          if (hold) held.resize(objects);
           o = with_threads(c.parallel, order, [&](uint64_t id, std::vector<char>&) -> int64_t {
             auto buffer = tier->get(key_of(id), size);
             const int64_t got = buffer ? static_cast<int64_t>(size) : -1;
@@ -288,12 +294,8 @@ int main(int argc, char** argv) {
         held.clear();  // outside the measured part: freeing is not reading
         failures += o.failures;
       }
-      std::vector<double> sorted = rates;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = sorted[sorted.size() / 2];
-      std::vector<double> cpu_sorted = cpu_per_object;
-      std::sort(cpu_sorted.begin(), cpu_sorted.end());
-      const double cpu_us = 1e6 * cpu_sorted[cpu_sorted.size() / 2];
+      const double median = median_of(rates);
+      const double cpu_us = 1e6 * median_of(cpu_per_object);
       const std::string what = c.method == "io_uring" ? "depth" : "threads";
       fmt::print("{:5} {:9} {:7} {:3}: {:8.0f} objects/s {:7.0f} MB/s  {:5.0f} us CPU/object{}\n",
                  cold ? "cold" : "warm", c.method, what, c.parallel, median,
