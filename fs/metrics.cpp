@@ -232,8 +232,12 @@ void append_disk_tier(Exposition& x, const prefetch::DiskTierStats& t) {
   x.counter("dsfs_disk_cache_writes_total", "Objects written to the disk tier", t.writes);
   x.counter("dsfs_disk_cache_written_bytes_total", "Object bytes written to the disk tier",
             t.bytes_written);
+  x.counter("dsfs_disk_cache_writes_deferred_total",
+            "Objects that found the write-behind queue full, written later if still in memory",
+            t.writes_deferred);
   x.counter("dsfs_disk_cache_writes_dropped_total",
-            "Objects not written because the write-behind queue was full", t.writes_dropped);
+            "Objects not written: the queue was full and they left memory before a writer was free",
+            t.writes_dropped);
   x.counter("dsfs_disk_cache_write_errors_total", "Writes that failed (ENOSPC, EIO...)",
             t.write_errors);
   x.counter("dsfs_disk_cache_checksum_failures_total",

@@ -165,6 +165,7 @@ nlohmann::ordered_json disk_tier_json(const std::optional<prefetch::DiskTierStat
           {"bytes_read", t.bytes_read},
           {"writes", t.writes},
           {"bytes_written", t.bytes_written},
+          {"writes_deferred", t.writes_deferred},
           {"writes_dropped", t.writes_dropped},
           {"write_errors", t.write_errors},
           {"checksum_failures", t.checksum_failures},

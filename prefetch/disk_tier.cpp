@@ -763,8 +763,23 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
     return false;
   }
   if (stats_.queued_bytes + buffer->size() > options_.queue_bytes) {
-    ++stats_.writes_dropped;
-    return false;
+    // The writers are behind (a fast Redis, busy CPUs): remember it without holding its bytes.
+    // While the RAM cache or a reader holds it, a writer that catches up can still write it.
+    if (deferred_.size() >= options_.deferred_limit) {
+      if (deferred_.empty()) {
+        ++stats_.writes_dropped;
+        return false;
+      }
+      deferred_.pop_front();
+      ++stats_.writes_dropped;
+    }
+    ++stats_.writes_deferred;
+    deferred_.push_back(Deferred{.id = id,
+                                 .dataset = std::string(key.dataset),
+                                 .buffer = buffer,
+                                 .read_this_epoch = read_this_epoch});
+    work_.notify_one();
+    return true;
   }
   stats_.queued_bytes += buffer->size();
   queued_.insert(id);
@@ -779,7 +794,7 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
 void DiskTier::flush() {
   std::unique_lock lock(mutex_);
   if (writers_.empty()) return;
-  idle_.wait(lock, [this] { return queue_.empty() && writing_ == 0; });
+  idle_.wait(lock, [this] { return queue_.empty() && deferred_.empty() && writing_ == 0; });
 }
 
 DiskTierStats DiskTier::stats() const {
@@ -787,13 +802,44 @@ DiskTierStats DiskTier::stats() const {
   return stats_;
 }
 
+std::optional<DiskTier::Write> DiskTier::next_write_locked() {
+  if (!queue_.empty()) {
+    Write write = std::move(queue_.front());
+    queue_.pop_front();
+    return write;
+  }
+  // Newest first: the likeliest to be in memory still. At a stop, not written: an unmount
+  // should not wait for a cache's worth of writes.
+  while (!deferred_.empty()) {
+    Deferred deferred = std::move(deferred_.back());
+    deferred_.pop_back();
+    if (index_.contains(deferred.id) || queued_.contains(deferred.id)) continue;
+    ObjectBuffer buffer = stopping_ ? nullptr : deferred.buffer.lock();
+    if (!buffer) {
+      ++stats_.writes_dropped;
+      continue;
+    }
+    queued_.insert(deferred.id);
+    stats_.queued_bytes += buffer->size();
+    return Write{.id = deferred.id,
+                 .dataset = std::move(deferred.dataset),
+                 .buffer = std::move(buffer),
+                 .read_this_epoch = deferred.read_this_epoch};
+  }
+  return std::nullopt;
+}
+
 void DiskTier::writer_loop() {
   std::unique_lock lock(mutex_);
   while (true) {
-    work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) break;  // stopping, and every queued write done
-    Write write = std::move(queue_.front());
-    queue_.pop_front();
+    work_.wait(lock, [this] { return stopping_ || !queue_.empty() || !deferred_.empty(); });
+    std::optional<Write> next = next_write_locked();
+    if (!next) {
+      if (stopping_) break;  // every queued write done
+      idle_.notify_all();    // the deferred ones were all gone from memory
+      continue;
+    }
+    Write write = std::move(*next);
     ++writing_;
     lock.unlock();
     try {

@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -40,8 +41,12 @@ struct DiskTierOptions {
   std::filesystem::path dir;
   // Bytes the tier's object files may take, each counted as its size rounded up to 4 KiB.
   uint64_t capacity_bytes = 0;
-  // Payload bytes waiting to be written; past it, new writes are dropped (and counted).
+  // Payload bytes waiting to be written; past it, new writes are deferred (below).
   uint64_t queue_bytes = uint64_t{64} << 20;
+  // Objects that found the queue full, remembered by weak reference (no bytes held): a writer
+  // with nothing queued writes the newest of them still in memory (the RAM cache, a reader).
+  // Past this many, the oldest are forgotten (dropped, counted).
+  uint64_t deferred_limit = 65536;
   // Threads that write objects behind the reads (files are independent; a disk serves several
   // writes at once, and checksumming and copying are CPU work).
   unsigned writer_threads = 4;
@@ -58,7 +63,8 @@ struct DiskTierStats {
   uint64_t bytes_read = 0;  // payload bytes served from disk
   uint64_t writes = 0;      // objects written
   uint64_t bytes_written = 0;
-  uint64_t writes_dropped = 0;     // the write-behind queue was full
+  uint64_t writes_deferred = 0;    // found the queue full: left to be written if still in memory
+  uint64_t writes_dropped = 0;     // deferred, and gone from memory before a writer was free
   uint64_t write_errors = 0;       // ENOSPC, EIO, a vanished directory...
   uint64_t checksum_failures = 0;  // a file whose header, length or payload did not check out
   uint64_t read_errors = 0;        // a file that vanished or could not be read
@@ -143,9 +149,10 @@ class DiskTier {
   // problem.
   ObjectBuffer get(const DiskTierKey& key, uint64_t length);
 
-  // Queues the object to be written behind the caller. Returns false (changing nothing) when it
-  // is already on disk or queued, larger than the tier, or the queue is full (counted as
-  // dropped). Never blocks on disk. `read_this_epoch`: a reader has it now (a demand fetch), so
+  // Queues the object to be written behind the caller; when the queue is full, defers it (a weak
+  // reference: written later only if the object is still in memory then). Returns false
+  // (changing nothing) when it is already on disk or queued, or larger than the tier. Never
+  // blocks on disk. `read_this_epoch`: a reader has it now (a demand fetch), so
   // it is evicted early; false for a prefetch, whose reader is still to come.
   bool put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_epoch = true);
 
@@ -186,6 +193,12 @@ class DiskTier {
     ObjectBuffer buffer;
     bool read_this_epoch = true;
   };
+  struct Deferred {
+    FileId id;
+    std::string dataset;
+    std::weak_ptr<const ObjectData> buffer;
+    bool read_this_epoch = true;
+  };
 
   // An object file the index will hold, in eviction order.
   struct Found {
@@ -206,6 +219,10 @@ class DiskTier {
   // Writes DIR/index (temp file + rename); logs and leaves none on failure.
   void save_index() const;
   void writer_loop();
+  // The next write for a writer: the queue's oldest, else the newest deferred object still in
+  // memory and not on disk (forgotten ones counted as dropped); nullopt when there is none.
+  // mutex_ held.
+  std::optional<Write> next_write_locked();
   // Writes one object (evicting first so that it fits); false after logging on failure.
   void write_one(const Write& write);
   // Drops `id` from the index and unlinks its file; mutex_ held.
@@ -233,6 +250,8 @@ class DiskTier {
   std::list<FileId> read_this_epoch_;  // front: read first
   std::unordered_map<uint64_t, uint64_t> newest_generation_;  // by dataset hash
   std::deque<Write> queue_;
+  std::deque<Deferred> deferred_;  // back: newest
+  // Queued or being written (so one file is never written by two writers at once).
   std::unordered_set<FileId, FileIdHash> queued_;
   unsigned writing_ = 0;         // writes taken off the queue and not finished
   uint64_t reserved_bytes_ = 0;  // on-disk bytes of the files being written

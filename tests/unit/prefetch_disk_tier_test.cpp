@@ -400,20 +400,66 @@ TEST_F(DiskTierTest, AReopenWithASmallerSizeEvictsDownToIt) {
   EXPECT_LE(files_bytes(dir_.path() / "tier"), 4 * 4096u);
 }
 
-TEST_F(DiskTierTest, AFullQueueDropsWritesAndCountsThem) {
+TEST_F(DiskTierTest, AFullQueueDefersWritesAndWritesThoseStillInMemory) {
   // Not started: nothing leaves the queue.
   auto tier = open(64 * kMiB, /*queue=*/10000, /*start=*/false);
   EXPECT_TRUE(tier->put(key(1), object(4000, 1)));
   EXPECT_TRUE(tier->put(key(2), object(4000, 2)));
-  EXPECT_FALSE(tier->put(key(3), object(4000, 3)));
-  EXPECT_FALSE(tier->put(key(4), object(4000, 4)));
-  EXPECT_EQ(tier->stats().writes_dropped, 2u);
+  // The queue is full: 3 and 4 are remembered, not held. Object 3 stays in memory (as the RAM
+  // cache would keep it); object 4's last reference goes at once.
+  const ObjectBuffer kept = object(4000, 3);
+  EXPECT_TRUE(tier->put(key(3), kept));
+  EXPECT_TRUE(tier->put(key(4), object(4000, 4)));
+  EXPECT_EQ(tier->stats().writes_deferred, 2u);
+  EXPECT_EQ(tier->stats().writes_dropped, 0u);
   EXPECT_EQ(tier->stats().queued_bytes, 8000u);
   tier->start();
   tier->flush();
-  EXPECT_EQ(tier->stats().writes, 2u);
+  EXPECT_EQ(tier->stats().writes, 3u);
+  EXPECT_EQ(tier->stats().writes_dropped, 1u);
   EXPECT_EQ(tier->stats().queued_bytes, 0u);
-  EXPECT_TRUE(tier->put(key(3), object(4000, 3)));  // room again
+  EXPECT_EQ(bytes_of(tier->get(key(3), 4000)), bytes_of(kept));
+  EXPECT_EQ(tier->get(key(4), 4000), nullptr);
+  EXPECT_TRUE(tier->put(key(4), object(4000, 4)));  // room again
+  tier->flush();
+  EXPECT_EQ(tier->stats().writes, 4u);
+}
+
+TEST_F(DiskTierTest, DeferredWritesPastTheLimitForgetTheOldest) {
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{.dir = dir_.path() / "tier",
+                                                         .capacity_bytes = 64 * kMiB,
+                                                         .queue_bytes = 4000,
+                                                         .deferred_limit = 2});
+  std::vector<ObjectBuffer> held;
+  for (uint64_t i = 1; i <= 5; ++i) {
+    held.push_back(object(4000, static_cast<unsigned>(i)));
+    EXPECT_TRUE(tier->put(key(i), held.back()));
+  }
+  // 1 queued; 2..5 deferred, of which 2 and 3 were forgotten.
+  EXPECT_EQ(tier->stats().writes_deferred, 4u);
+  EXPECT_EQ(tier->stats().writes_dropped, 2u);
+  tier->start();
+  tier->flush();
+  EXPECT_EQ(tier->stats().writes, 3u);
+  for (const uint64_t i : {1, 4, 5}) EXPECT_NE(tier->get(key(i), 4000), nullptr) << i;
+  for (const uint64_t i : {2, 3}) EXPECT_EQ(tier->get(key(i), 4000), nullptr) << i;
+}
+
+TEST_F(DiskTierTest, AnObjectDeferredTwiceIsWrittenOnce) {
+  auto tier = open(64 * kMiB, /*queue=*/8000, /*start=*/false);
+  const ObjectBuffer first = object(5000, 1);
+  const ObjectBuffer second = object(4000, 2);
+  EXPECT_TRUE(tier->put(key(1), first));
+  EXPECT_TRUE(tier->put(key(2), second));  // deferred
+  EXPECT_TRUE(tier->put(key(2), second));  // fetched again meanwhile: deferred again
+  tier->start();
+  tier->flush();
+  EXPECT_FALSE(tier->put(key(2), second));  // on disk already
+  EXPECT_EQ(tier->stats().writes, 2u);
+  EXPECT_EQ(tier->stats().writes_dropped, 0u);
+  EXPECT_EQ(tier->stats().entries, 2u);
+  EXPECT_EQ(tier->stats().bytes_used, 8192u + 4096u);
+  EXPECT_EQ(bytes_of(tier->get(key(2), 4000)), bytes_of(second));
 }
 
 TEST_F(DiskTierTest, ASecondOpenOfTheSameDirectoryIsRefused) {
