@@ -71,9 +71,9 @@ def counters(s):
             "prefetched_bytes": s["prefetch"]["bytes"]["prefetched"],
             "disk_reads": s["prefetch"].get("disk_reads", 0),
             **{f"tier_{k}": d.get(k, 0) for k in ("hits", "misses", "bytes_read", "writes",
-                                                   "bytes_written", "writes_deferred", "writes_dropped",
-                                                   "checksum_failures", "read_errors",
-                                                   "write_errors", "evictions")},
+                                                   "bytes_written", "writes_deferred",
+                                                   "writes_dropped", "checksum_failures",
+                                                   "read_errors", "write_errors", "evictions")},
             "tier_bytes_used": d.get("bytes_used", 0), "tier_entries": d.get("entries", 0),
             **{f"reads_{k}": s["prefetch"]["reads"][k] for k in ("ready", "joined", "miss")}}
 
