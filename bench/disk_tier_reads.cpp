@@ -243,7 +243,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<std::string> paths;
-  for (uint64_t id = 0; id < objects; ++id) paths.push_back(tier->path_of(key_of(id)).string());
+  for (uint64_t id = 0; id < objects; ++id)
+    paths.push_back(tier->path_of(key_of(id), size).string());
   const size_t file_bytes = std::filesystem::file_size(paths[0]) + 4096;
 
   nlohmann::ordered_json out{{"objects", objects},

@@ -109,12 +109,14 @@ DiskTierContents inspect_disk_tier(const std::filesystem::path& dir);
 // DIR is not a disk cache or a file cannot be removed.
 uint64_t clear_disk_tier(const std::filesystem::path& dir);
 
-// A directory of object files, one per object: DIR/objects/XX/NAME holds a header (magic,
-// version, the full key, payload length and XXH64, the header's own XXH64) then the payload.
-// Written as NAME.tmp and renamed, so a killed writer leaves only temp files, removed at the next
-// open. The index (key -> size, LRU order) lives in memory. A clean close saves it as DIR/index,
-// which the next open reads (and removes at once, so that a daemon killed later leaves none that
-// would miss its writes); without a whole one the index is rebuilt from readdir and stat alone.
+// A directory of object files, one per object: DIR/objects/XX/NAME, NAME = the key's fields and
+// the file's size, holds a header (magic, version, the full key, payload length and XXH64, the
+// header's own XXH64) then the payload. Written as NAME.tmp and renamed, so a killed writer
+// leaves only temp files, removed at the next open. The index (key -> size, LRU order) lives in
+// memory. A clean close saves it as DIR/index, which the next open reads (and removes at once, so
+// that a daemon killed later leaves none that would miss its writes); without a whole one the
+// index is rebuilt from the directory listing alone (names carry the sizes; the order of use is
+// lost).
 // No payload is read either way: the first read of each file checks it. An flock on
 // DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is
 // epoch-aware, like the RAM cache's: objects of a generation older than the newest one seen of
@@ -166,17 +168,20 @@ class DiskTier {
 
   DiskTierStats stats() const;
   const DiskTierOptions& options() const { return options_; }
-  // The file that holds `key` (whether or not it exists).
-  std::filesystem::path path_of(const DiskTierKey& key) const;
+  // The file that holds `key`, whose payload has `length` bytes (whether or not it exists).
+  std::filesystem::path path_of(const DiskTierKey& key, uint64_t length) const;
 
  private:
   // What the index knows of a file: its name's fields. `dataset` is the XXH64 of the name (the
   // header carries the name itself, checked on read, so a collision cannot serve wrong bytes).
+  // `file_size` (header, name and payload) follows from the others (an object of one generation
+  // never changes) and is not hashed: it is in the name so that a listing needs no stat.
   struct FileId {
     uint64_t dataset = 0;
     uint64_t generation = 0;
     uint64_t object_id = 0;
     uint32_t chunk = 0;
+    uint64_t file_size = 0;
     bool operator==(const FileId&) const = default;
   };
   struct FileIdHash {
@@ -206,7 +211,7 @@ class DiskTier {
     uint64_t bytes = 0;
   };
 
-  static FileId id_of(const DiskTierKey& key);
+  static FileId id_of(const DiskTierKey& key, uint64_t length);
   std::filesystem::path path_of(const FileId& id) const;
   // Builds the index at open: from DIR/index when a clean close left a whole one, else from the
   // directory listing (removing unfinished writes); then evicts down to the capacity.

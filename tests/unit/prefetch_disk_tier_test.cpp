@@ -128,7 +128,7 @@ TEST_F(DiskTierTest, ADamagedIndexIsIgnoredAndTheObjectsListed) {
     if (std::string_view(damage) == "flip") index[24 + 2 * 40 + 3] ^= 1;
     if (std::string_view(damage) == "truncate") index.resize(index.size() - 40);
     if (std::string_view(damage) == "empty") index.clear();
-    if (std::string_view(damage) == "other version") index[8] = 2;
+    if (std::string_view(damage) == "other version") index[8] = 1;  // sizes rounded up
     test::write_file(index_path(), index);
     auto tier = open();
     EXPECT_FALSE(tier->stats().index_loaded);
@@ -194,7 +194,7 @@ TEST_F(DiskTierTest, AClosedTierFinishesItsQueuedWrites) {
 TEST_F(DiskTierTest, AFlippedByteIsNotFoundAndCounted) {
   auto tier = open();
   fill(*tier, 1, 2, 3000);
-  const std::filesystem::path path = tier->path_of(key(1));
+  const std::filesystem::path path = tier->path_of(key(1), 3000);
   std::string content = test::read_file(path);
   content[content.size() - 100] ^= 0x01;  // in the payload
   test::write_file(path, content);
@@ -212,7 +212,7 @@ TEST_F(DiskTierTest, AFlippedByteIsNotFoundAndCounted) {
 TEST_F(DiskTierTest, AFlippedHeaderByteIsNotFoundAndCounted) {
   auto tier = open();
   fill(*tier, 1, 1, 3000);
-  const std::filesystem::path path = tier->path_of(key(1));
+  const std::filesystem::path path = tier->path_of(key(1), 3000);
   std::string content = test::read_file(path);
   content[40] ^= 0x01;  // the object id field
   test::write_file(path, content);
@@ -223,7 +223,7 @@ TEST_F(DiskTierTest, AFlippedHeaderByteIsNotFoundAndCounted) {
 TEST_F(DiskTierTest, ATruncatedFileIsNotFoundAndCounted) {
   auto tier = open();
   fill(*tier, 1, 1, 3000);
-  std::filesystem::resize_file(tier->path_of(key(1)), 2000);
+  std::filesystem::resize_file(tier->path_of(key(1), 3000), 2000);
   EXPECT_EQ(tier->get(key(1), 3000), nullptr);
   EXPECT_EQ(tier->stats().checksum_failures, 1u);
   EXPECT_EQ(tier->stats().entries, 0u);
@@ -233,7 +233,7 @@ TEST_F(DiskTierTest, ATruncatedFileIsNotFoundAndCounted) {
 TEST_F(DiskTierTest, AnotherObjectsFileUnderThisNameIsNotServed) {
   auto tier = open();
   fill(*tier, 1, 2, 3000);
-  std::filesystem::copy_file(tier->path_of(key(2)), tier->path_of(key(1)),
+  std::filesystem::copy_file(tier->path_of(key(2), 3000), tier->path_of(key(1), 3000),
                              std::filesystem::copy_options::overwrite_existing);
   EXPECT_EQ(tier->get(key(1), 3000), nullptr);
   EXPECT_EQ(tier->stats().checksum_failures, 1u);
@@ -242,14 +242,16 @@ TEST_F(DiskTierTest, AnotherObjectsFileUnderThisNameIsNotServed) {
 TEST_F(DiskTierTest, AnObjectOfAnotherLengthIsNotServed) {
   auto tier = open();
   fill(*tier, 1, 1, 3000);
+  // Another length is another file name: not found, and the file of the right length stays.
   EXPECT_EQ(tier->get(key(1), 2999), nullptr);
-  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  EXPECT_EQ(tier->stats().checksum_failures, 0u);
+  EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
 }
 
 TEST_F(DiskTierTest, ADeletedFileOrDirectoryIsNotFoundAndCounted) {
   auto tier = open();
   fill(*tier, 1, 3, 3000);
-  std::filesystem::remove(tier->path_of(key(1)));
+  std::filesystem::remove(tier->path_of(key(1), 3000));
   EXPECT_EQ(tier->get(key(1), 3000), nullptr);
   EXPECT_EQ(tier->stats().read_errors, 1u);
   std::filesystem::remove_all(dir_.path() / "tier" / "objects");
@@ -282,7 +284,7 @@ TEST_F(DiskTierTest, AFailedWriteLeavesNothingAndIsCounted) {
   EXPECT_EQ(tier->stats().write_errors, 1u);
   EXPECT_EQ(tier->stats().bytes_used, 0u);
   EXPECT_EQ(tier->get(key(1), 100000), nullptr);
-  EXPECT_TRUE(test::list_dir(tier->path_of(key(1)).parent_path()).empty());  // no temp left
+  EXPECT_TRUE(test::list_dir(tier->path_of(key(1), 100000).parent_path()).empty());  // no temp left
   // Later writes succeed.
   fill(*tier, 1, 1, 100000);
   EXPECT_EQ(bytes_of(tier->get(key(1), 100000)), test::pattern_bytes(100000, 1));
@@ -480,10 +482,10 @@ TEST_F(DiskTierTest, TempFilesOfAKilledWriterAreRemovedNotServed) {
   {
     auto tier = open();
     fill(*tier, 1, 1, 3000);
-    temp = tier->path_of(key(2)).string() + ".tmp";
+    temp = tier->path_of(key(2), 3000).string() + ".tmp";
     // What a writer killed before its rename leaves: here even a whole, valid file.
     std::filesystem::create_directories(temp.parent_path());
-    std::filesystem::copy_file(tier->path_of(key(1)), temp);
+    std::filesystem::copy_file(tier->path_of(key(1), 3000), temp);
   }
   // Killed: its clean close's index is not there.
   std::filesystem::remove(index_path());
@@ -493,6 +495,25 @@ TEST_F(DiskTierTest, TempFilesOfAKilledWriterAreRemovedNotServed) {
   EXPECT_EQ(tier->stats().entries, 1u);
   EXPECT_EQ(tier->get(key(2), 3000), nullptr);
   EXPECT_NE(tier->get(key(1), 3000), nullptr);
+}
+
+TEST_F(DiskTierTest, FilesOfAnOlderDsfsAreRemovedAtOpen) {
+  std::filesystem::path sizeless;
+  {
+    auto tier = open();
+    fill(*tier, 1, 2, 3000);
+    // The name an older dsfs gave object 2's file: the same, less the size at its end.
+    const std::string name = tier->path_of(key(2), 3000).string();
+    sizeless = name.substr(0, name.rfind('-'));
+    std::filesystem::rename(name, sizeless);
+  }
+  std::filesystem::remove(index_path());  // as after a killed daemon: the files are listed
+  auto tier = open();
+  EXPECT_FALSE(std::filesystem::exists(sizeless));
+  EXPECT_EQ(tier->stats().entries, 1u);
+  EXPECT_EQ(tier->stats().bytes_used, 4096u);
+  EXPECT_EQ(tier->get(key(2), 3000), nullptr);
+  EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
 }
 
 TEST_F(DiskTierTest, ForeignFilesAreLeftAlone) {
@@ -597,7 +618,7 @@ TEST_F(FetcherWithDiskTier, ADamagedFileIsReadFromRedis) {
   EXPECT_EQ(fetch("a.bin", {0}), test::pattern_bytes(3000, 1));
   tier_.flush();
   const std::filesystem::path path =
-      tier_.path_of(DiskTierKey{.dataset = kName, .generation = 1, .object_id = 1});
+      tier_.path_of(DiskTierKey{.dataset = kName, .generation = 1, .object_id = 1}, 3000);
   std::string content = test::read_file(path);
   content.back() ^= 0x80;
   test::write_file(path, content);
