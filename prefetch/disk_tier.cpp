@@ -176,8 +176,7 @@ std::optional<ObjectName> parse_object_name(std::string_view name) {
   parsed.chunk = static_cast<uint32_t>(chunk);
   if (name.size() == kNameLength) {
     uint64_t file_size = 0;
-    if (name[59] != '-' || !parse_hex(name.substr(60, 12), file_size) ||
-        file_size < kHeaderBytes) {
+    if (name[59] != '-' || !parse_hex(name.substr(60, 12), file_size) || file_size < kHeaderBytes) {
       return std::nullopt;
     }
     parsed.file_size = file_size;
