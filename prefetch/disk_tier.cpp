@@ -41,7 +41,8 @@ constexpr std::string_view kTempSuffix = ".tmp";
 // each (on a cold disk a stat waits for an inode block: 9.3 s against 1.7 s for ImageNet's
 // 1.28 M objects, docs/benchmarks.md).
 constexpr size_t kNameLength = 16 + 1 + 16 + 1 + 16 + 1 + 8 + 1 + 12;
-// The name before the size was in it (dsfs before 2026-11-27): such files are removed at open.
+// The name before the size was in it (dsfs before 2026-11-27): such files are renamed when a
+// listing finds them (one stat each, once).
 constexpr size_t kSizelessNameLength = 16 + 1 + 16 + 1 + 16 + 1 + 8;
 
 // DIR/index: the index as a clean close left it, so that the next open need not list and stat
@@ -278,7 +279,7 @@ DiskTierContents inspect_disk_tier(const std::filesystem::path& dir) {
     if (!parsed || !is_regular_file(dir_fd, file, type, st)) return;  // not ours
     Group& group = groups[{parsed->dataset, parsed->generation}];
     ++group.objects;
-    // A sizeless name (an older dsfs's, removed at the next mount) is counted by its stat.
+    // A sizeless name (an older dsfs's, renamed at the next mount) is counted by its stat.
     group.bytes +=
         on_disk_bytes(parsed->file_size ? *parsed->file_size : static_cast<uint64_t>(st.st_size));
     if (!names.contains(parsed->dataset)) {
@@ -548,7 +549,7 @@ std::vector<DiskTier::Found> DiskTier::scan_objects() {
   const unsigned threads = std::clamp(options_.scan_threads, 1u, 256u);
   std::vector<std::vector<Found>> scanned(threads);
   std::vector<uint64_t> stale(threads, 0);
-  std::vector<uint64_t> sizeless(threads, 0);
+  std::vector<uint64_t> renamed(threads, 0);
   std::vector<std::exception_ptr> failures(threads);
   const auto scan = [&](unsigned thread) {
     auto visit = [&](unsigned sub, int dir_fd, const char* file, unsigned char type) {
@@ -558,20 +559,29 @@ std::vector<DiskTier::Found> DiskTier::scan_objects() {
         if (::unlinkat(dir_fd, file, 0) == 0) ++stale[thread];
         return;
       }
-      const std::optional<ObjectName> parsed = parse_object_name(name);
+      std::optional<ObjectName> parsed = parse_object_name(name);
       if (!parsed) return;  // not ours: left alone
-      const FileId id{.dataset = parsed->dataset,
-                      .generation = parsed->generation,
-                      .object_id = parsed->object_id,
-                      .chunk = parsed->chunk,
-                      .file_size = parsed->file_size.value_or(0)};
+      FileId id{.dataset = parsed->dataset,
+                .generation = parsed->generation,
+                .object_id = parsed->object_id,
+                .chunk = parsed->chunk,
+                .file_size = parsed->file_size.value_or(0)};
       if ((FileIdHash{}(id)&0xff) != sub) return;  // in the wrong subdirectory: not ours
       struct stat st {};
       if (!is_regular_file(dir_fd, file, type, st)) return;
       if (!parsed->file_size) {
-        // Written by an older dsfs, under a name this one never looks up: space to free.
-        if (::unlinkat(dir_fd, file, 0) == 0) ++sizeless[thread];
-        return;
+        // Written by an older dsfs: given the name this one looks up (same subdirectory: the
+        // size is not hashed), so that an upgrade keeps the tier. Its bytes are checked on
+        // first read, as any file's.
+        if (::fstatat(dir_fd, file, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
+          return;
+        }
+        id.file_size = static_cast<uint64_t>(st.st_size);
+        const std::string new_name = path_of(id).filename().string();
+        if (::renameat(dir_fd, file, dir_fd, new_name.c_str()) != 0) return;
+        ++renamed[thread];
+        parsed->file_size = id.file_size;
       }
       scanned[thread].push_back(Found{.id = id, .bytes = on_disk_bytes(*parsed->file_size)});
     };
@@ -591,10 +601,10 @@ std::vector<DiskTier::Found> DiskTier::scan_objects() {
     if (failure) std::rethrow_exception(failure);
   }
   for (const uint64_t count : stale) stats_.stale_temp_files += count;
-  const uint64_t removed_sizeless = std::accumulate(sizeless.begin(), sizeless.end(), uint64_t{0});
-  if (removed_sizeless > 0) {
-    spdlog::info("disk cache {}: removed {} object files written by an older dsfs",
-                 options_.dir.string(), removed_sizeless);
+  const uint64_t upgraded = std::accumulate(renamed.begin(), renamed.end(), uint64_t{0});
+  if (upgraded > 0) {
+    spdlog::info("disk cache {}: renamed {} object files written by an older dsfs",
+                 options_.dir.string(), upgraded);
   }
   // In listing order: the order of use is not known after a killed daemon (a clean close saves
   // it in DIR/index), and a stat per file to guess it from the times would cost more than it

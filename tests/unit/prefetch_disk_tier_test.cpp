@@ -497,22 +497,24 @@ TEST_F(DiskTierTest, TempFilesOfAKilledWriterAreRemovedNotServed) {
   EXPECT_NE(tier->get(key(1), 3000), nullptr);
 }
 
-TEST_F(DiskTierTest, FilesOfAnOlderDsfsAreRemovedAtOpen) {
+TEST_F(DiskTierTest, FilesOfAnOlderDsfsAreRenamedAndServed) {
+  std::filesystem::path named;
   std::filesystem::path sizeless;
   {
     auto tier = open();
     fill(*tier, 1, 2, 3000);
     // The name an older dsfs gave object 2's file: the same, less the size at its end.
-    const std::string name = tier->path_of(key(2), 3000).string();
-    sizeless = name.substr(0, name.rfind('-'));
-    std::filesystem::rename(name, sizeless);
+    named = tier->path_of(key(2), 3000);
+    sizeless = named.string().substr(0, named.string().rfind('-'));
+    std::filesystem::rename(named, sizeless);
   }
-  std::filesystem::remove(index_path());  // as after a killed daemon: the files are listed
+  std::filesystem::remove(index_path());  // an older dsfs's index is of another version
   auto tier = open();
   EXPECT_FALSE(std::filesystem::exists(sizeless));
-  EXPECT_EQ(tier->stats().entries, 1u);
-  EXPECT_EQ(tier->stats().bytes_used, 4096u);
-  EXPECT_EQ(tier->get(key(2), 3000), nullptr);
+  EXPECT_TRUE(std::filesystem::exists(named));
+  EXPECT_EQ(tier->stats().entries, 2u);
+  EXPECT_EQ(tier->stats().bytes_used, 2 * 4096u);
+  EXPECT_EQ(bytes_of(tier->get(key(2), 3000)), test::pattern_bytes(3000, 2));
   EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
 }
 
