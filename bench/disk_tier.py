@@ -23,9 +23,9 @@ reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's fil
 
 An epoch longer than --epoch-seconds is cut there (its files/s is still a rate). Per epoch:
 files/s, and from stats.json (before/after) Redis GETs (`redis_ops.gets`), bytes from Redis,
-`disk_tier` hits/misses/bytes_read/writes/writes_dropped/checksum_failures, and
-`prefetch.disk_reads`. Redis GETs are also counted at the server (INFO commandstats cmdstat_get; per epoch for the C
-reader, per mount for the Python reader): stats.json's `redis_ops.gets` counts the readers'
+`disk_tier` hits/misses/bytes_read/writes/writes_deferred/writes_dropped/checksum_failures,
+and `prefetch.disk_reads`. Redis GETs are also counted at the server (INFO commandstats
+cmdstat_get; per epoch for the C reader, per mount for the Python reader): stats.json's `redis_ops.gets` counts the readers'
 misses only, `prefetch.gets` the engine's.
 
 The remount epoch (`disk` mode; `--no-remount` skips it): after the EPOCHS epochs, `dsfs umount`
