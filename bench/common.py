@@ -194,8 +194,11 @@ def process_usage(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     usage["cpu_s"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-    # Context switches of its live threads (voluntary: it slept; nonvoluntary: preempted).
+    # Context switches of its live threads (voluntary: it slept; nonvoluntary: preempted), and
+    # each live thread's name and CPU seconds (dsfs names its own threads: fetch-N,
+    # disk-write-N...; FUSE's workers keep the daemon's name), to find one that saturates.
     usage["voluntary_switches"] = usage["involuntary_switches"] = 0
+    usage["threads"] = {}
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/status") as f:
@@ -205,9 +208,29 @@ def process_usage(pid):
                         usage["voluntary_switches"] += int(value)
                     elif key == "nonvoluntary_ctxt_switches":
                         usage["involuntary_switches"] += int(value)
-        except FileNotFoundError:  # the thread ended meanwhile
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                text = f.read()
+            name = text[text.index("(") + 1:text.rindex(")")]
+            fields = text.rsplit(")", 1)[1].split()
+            usage["threads"][int(task)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             pass
     return usage
+
+
+def thread_cpu(start, end, seconds):
+    """CPU seconds per thread name between two process_usage() samples (threads that ended
+    between them are not counted), and the busiest single thread: its name and its CPU as a
+    share of `seconds` (near 1.0: that one thread bounds the throughput)."""
+    by_name = {}
+    busiest = ("", 0.0)
+    for tid, (name, cpu) in end["threads"].items():
+        used = cpu - start["threads"].get(tid, (name, 0.0))[1]
+        by_name[name] = by_name.get(name, 0.0) + used
+        if used > busiest[1]:
+            busiest = (name, used)
+    return ({k: round(v, 3) for k, v in sorted(by_name.items())},
+            {"name": busiest[0], "share": busiest[1] / seconds if seconds > 0 else 0.0})
 
 
 def update_docs_section(start_marker, end_marker, heading, text):

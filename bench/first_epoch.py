@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The first epoch on a fresh mount (issue 17): files/s for `--prefetch auto`, `off` and a
 written plan, with the object cache at 25%, 100% and 200% of the dataset's bytes, next to the
 server and through `dsfs proxy` at 10 and 100 ms, read by the C bench and by a Python reader,
@@ -18,9 +18,11 @@ order from run to run):
            python: 8 threads, a shuffled order, `open(p, "rb").read()` per file (open, fstat,
                    read to EOF, close: what PIL and most loaders do); page cache dropped first;
                    the plan mode writes the order to M/.dsfs/plan before the clock starts
-  figures  files/s, the daemon's CPU per file and RSS (VmRSS at the end, VmHWM), reads found
-           ready / joined / missed, GETs, the in-flight peak and fetches sent with the window
-           open for a plan (stats.json)
+  figures  files/s, the daemon's CPU per file and RSS (VmRSS at the end, VmHWM), its CPU per
+           thread name (fetch-N, disk-write-N, ...; FUSE's workers keep the daemon's name) and
+           its busiest thread's CPU as a share of the epoch (near 100%: that thread bounds the
+           epoch), reads found ready / joined / missed, GETs, the in-flight peak and fetches
+           sent with the window open for a plan (stats.json)
 
 and `dsfs_bench_redis_raw` (8 threads, 4 pipelined GETs each, no FUSE, no cache) at each RTT:
 what Redis itself serves to the same number of readers. An epoch longer than --epoch-seconds is
@@ -44,7 +46,7 @@ from collections import OrderedDict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (REPO, Proxy, RedisServer, drop_caches, load_average, log,  # noqa: E402
                     machine_info, median, mount_daemon_pid, private_env, process_usage, run,
-                    synth_dataset, tree_info, update_docs_section)
+                    synth_dataset, thread_cpu, tree_info, update_docs_section)
 from prefetch import build_source, stats_delta  # noqa: E402
 
 DOCS_START = "<!-- first_epoch.py: start -->"
@@ -212,6 +214,7 @@ class Bench:
         finally:
             self.umount()
         delta = stats_delta(before, after)
+        threads_cpu_s, busiest_thread = thread_cpu(start, end, seconds)
         inflight = after["prefetch"]["inflight"]
         return {"files": int(files), "seconds": seconds, "files_per_s": files / seconds,
                 "cpu_us_per_file": 1e6 * (end["cpu_s"] - start["cpu_s"]) / max(files, 1),
@@ -221,6 +224,7 @@ class Bench:
                 "switches_per_file": {
                     k: (end[f"{k}_switches"] - start[f"{k}_switches"]) / max(files, 1)
                     for k in ("voluntary", "involuntary")},
+                "threads_cpu_s": threads_cpu_s, "busiest_thread": busiest_thread,
                 "rss_bytes": end["rss_bytes"], "hwm_bytes": end["hwm_bytes"],
                 "cache_bytes": cache, "reads": delta["reads"], "gets": delta["gets"],
                 # Guesses: bytes fetched ahead, read by a reader, evicted before any read.
@@ -268,7 +272,9 @@ class Bench:
                                     f"{fig['switches_per_file']['involuntary']:.1f} switches/file, reads "
                                     f"{fig['reads']}, peak {fig['inflight_peak']}, prefetched "
                                     f"{fig['prefetched_bytes'] / 2**20:.0f} MiB (wasted "
-                                    f"{fig['wasted_bytes'] / 2**20:.0f})")
+                                    f"{fig['wasted_bytes'] / 2**20:.0f}), busiest thread "
+                                    f"{fig['busiest_thread']['name']} "
+                                    f"{fig['busiest_thread']['share']:.0%} of the epoch")
             self.results["raw"].append({"rtt_ms": rtt, "runs": raw, "files_per_s": median(raw)})
             log(f"rtt {rtt} ms, raw Redis: {median(raw):.0f} files/s")
             for (label, fraction, mode, reader), figs in runs.items():

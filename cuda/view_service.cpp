@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/npy.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::view {
 namespace {
@@ -112,7 +113,12 @@ ViewService::ViewService(std::unique_ptr<Backend> backend, ViewServiceOptions op
   const unsigned threads = std::max(options_.batch_threads, 1u);
   batchers_.reserve(threads);
   try {
-    for (unsigned i = 0; i < threads; ++i) batchers_.emplace_back([this] { batch_loop(); });
+    for (unsigned i = 0; i < threads; ++i) {
+      batchers_.emplace_back([this] {
+        name_this_thread("view-batch");
+        batch_loop();
+      });
+    }
   } catch (...) {
     {
       std::lock_guard lock(mutex_);

@@ -8,6 +8,7 @@
 #include "src/catalog/dataset.h"
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::fs {
 namespace {
@@ -34,7 +35,10 @@ DatasetWatcher::~DatasetWatcher() {
 
 void DatasetWatcher::start() {
   if (options_.interval.count() <= 0 || poller_.joinable()) return;
-  poller_ = std::jthread([this](std::stop_token stop) { poll_loop(std::move(stop)); });
+  poller_ = std::jthread([this](std::stop_token stop) {
+    name_this_thread("dataset-watch");
+    poll_loop(std::move(stop));
+  });
 }
 
 void DatasetWatcher::stop() {

@@ -23,6 +23,7 @@
 
 #include "fs/metrics.h"
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::fs {
 namespace {
@@ -197,7 +198,10 @@ MetricsServer::MetricsServer(MetricsListener listener, Render render, MetricsSer
                             "--metrics-listen: cannot create an eventfd");
   }
   try {
-    thread_ = std::thread([this] { serve(); });
+    thread_ = std::thread([this] {
+      name_this_thread("metrics-http");
+      serve();
+    });
   } catch (...) {
     ::close(stop_fd_);
     throw;

@@ -24,6 +24,7 @@
 #include "src/catalog/names.h"
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::fs {
 namespace {
@@ -181,7 +182,10 @@ void GenerationLeases::start_refreshing() {
   MutexLock lock(mutex_);
   // Even with no lease yet: datasets published later are pinned while the mount lives.
   if (refresher_.joinable() || released_) return;
-  refresher_ = std::jthread([this](std::stop_token stop) { refresh_loop(std::move(stop)); });
+  refresher_ = std::jthread([this](std::stop_token stop) {
+    name_this_thread("lease-refresh");
+    refresh_loop(std::move(stop));
+  });
 }
 
 uint64_t GenerationLeases::refresh_failures() const {

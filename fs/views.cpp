@@ -15,6 +15,7 @@
 #include "cuda/npy.h"
 #include "prefetch/object_cache_impl.h"
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::prefetch {
 template class BasicObjectCache<fs::ViewFileKey, fs::ViewFileKeyHash>;
@@ -186,7 +187,10 @@ void ViewFiles::start(std::unique_ptr<view::ViewService> service, prefetch::Pref
   if (!engine || render_ahead_threads == 0) return;
   try {
     for (unsigned i = 0; i < render_ahead_threads; ++i) {
-      ahead_threads_.emplace_back([this] { render_ahead_loop(); });
+      ahead_threads_.emplace_back([this] {
+        name_this_thread("render-ahead");
+        render_ahead_loop();
+      });
     }
   } catch (...) {
     stop();

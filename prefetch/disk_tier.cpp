@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::prefetch {
 namespace {
@@ -433,7 +434,10 @@ void DiskTier::start() {
   }
   owner_pid_ = ::getpid();
   for (unsigned i = 0; i < std::clamp(options_.writer_threads, 1u, 64u); ++i) {
-    writers_.emplace_back([this] { writer_loop(); });
+    writers_.emplace_back([this, i] {
+      name_this_thread("disk-write-" + std::to_string(i));
+      writer_loop();
+    });
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::prefetch {
 
@@ -123,7 +124,10 @@ void PrefetchEngine::start() {
   if (options_.mode == PrefetchMode::kOff || !workers_.empty()) return;
   stopping_ = false;
   for (size_t i = 0; i < options_.connections; ++i) {
-    workers_.emplace_back([this, i] { fetch_loop(i); });
+    workers_.emplace_back([this, i] {
+      name_this_thread("fetch-" + std::to_string(i));
+      fetch_loop(i);
+    });
   }
 }
 

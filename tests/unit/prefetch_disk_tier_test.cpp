@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <memory>
@@ -516,6 +518,36 @@ TEST_F(DiskTierTest, FilesOfAnOlderDsfsAreRenamedAndServed) {
   EXPECT_EQ(tier->stats().bytes_used, 2 * 4096u);
   EXPECT_EQ(bytes_of(tier->get(key(2), 3000)), test::pattern_bytes(3000, 2));
   EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
+}
+
+TEST_F(DiskTierTest, WriterThreadsCarryTheirNames) {
+  // What `top -H` and bench/first_epoch.py's CPU per thread name see.
+  const auto names = [] {
+    std::vector<std::string> found;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::string name = test::read_file(task.path() / "comm");
+      if (!name.empty() && name.back() == '\n') name.pop_back();
+      found.push_back(name);
+    }
+    return found;
+  };
+  auto tier = open(64 * kMiB, 64 * kMiB, /*start=*/false);
+  EXPECT_EQ(std::ranges::count(names(), "disk-write-0"), 0);
+  tier->start();
+  // Each writer names itself as it starts, in no set order: wait for all, with a deadline.
+  const std::vector<std::string> expected = {"disk-write-0", "disk-write-1", "disk-write-2",
+                                             "disk-write-3"};
+  const auto all_named = [&] {
+    const std::vector<std::string> now = names();
+    return std::ranges::all_of(
+        expected, [&](const auto& name) { return std::ranges::count(now, name) == 1; });
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!all_named() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  const std::vector<std::string> now = names();
+  for (const std::string& name : expected) {
+    EXPECT_EQ(std::ranges::count(now, name), 1) << name;
+  }
 }
 
 TEST_F(DiskTierTest, ForeignFilesAreLeftAlone) {
