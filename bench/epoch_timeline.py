@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Where one first epoch spends its time: `.dsfs/stats.json` sampled every 0.1 s while
 `dsfs bench` reads one epoch, printed as one line per sample (issue 17).
 
@@ -10,7 +10,8 @@ with a cache that holds the data, and reads one epoch with `dsfs bench --pattern
 --drop-caches` (`--plan` in plan mode). Each line: seconds since sampling began, reads so far and
 since the last line, reads that joined a fetch in flight or missed, reader stall seconds added
 (all readers together), GETs sent, fetches in flight and held, the window's target, the base
-round trip, the burst rate and the fetches sent with the plan's window open. Writes the samples
+round trip, the burst rate, the fetches sent with the plan's window open, and the daemon's
+three busiest threads over the interval (name and share of one CPU). Writes the samples
 to --out (JSON). Needs root (mount, drop_caches). A diagnostic, not a side-by-side benchmark:
 its figures go in docs/benchmarks.md only as observations.
 """
@@ -22,20 +23,30 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import run  # noqa: E402
+from common import mount_daemon_pid, process_usage, run  # noqa: E402
 from first_epoch import Bench  # noqa: E402
 
 
-def sample_loop(bench, samples, stop):
+def sample_loop(bench, pid, samples, stop):
     start = time.perf_counter()
     while not stop.is_set():
-        samples.append((time.perf_counter() - start, bench.stats()["prefetch"]))
+        threads = process_usage(pid)["threads"]
+        samples.append((time.perf_counter() - start, bench.stats()["prefetch"], threads))
         stop.wait(0.1)
+
+
+def busiest_threads(threads, previous, seconds, count=3):
+    """The `count` threads that used the most CPU since `previous`: "name share" each."""
+    used = [(cpu - previous.get(tid, (name, 0.0))[1], name)
+            for tid, (name, cpu) in threads.items()]
+    used.sort(reverse=True)
+    return " ".join(f"{name} {cpu / seconds:.0%}" for cpu, name in used[:count] if cpu > 0)
 
 
 def print_samples(samples):
     previous = None
-    for t, p in samples:
+    previous_t, previous_threads = 0.0, {}
+    for t, p, threads in samples:
         reads, inflight = p["reads"], p["inflight"]
         now = (p["accesses"], reads["joined"], reads["miss"], p["stall_us"]["total_s"], p["gets"])
         d = [a - b for a, b in zip(now, previous or now)]
@@ -44,7 +55,9 @@ def print_samples(samples):
               f"stall +{d[3]:5.2f}s gets +{d[4]:5d} in flight {inflight['objects']:5d} "
               f"held {inflight['held']:4d} target {inflight['target']:5d} "
               f"base rtt {inflight['base_rtt_ms']:.0f} ms burst {inflight['burst_per_s']:.0f}/s "
-              f"opened {inflight['fetches_opened_for_plan']}")
+              f"opened {inflight['fetches_opened_for_plan']} | "
+              f"{busiest_threads(threads, previous_threads, max(t - previous_t, 1e-3))}")
+        previous_t, previous_threads = t, threads
 
 
 def main():
@@ -63,12 +76,14 @@ def main():
                                      name="epoch_timeline", results_dir=None))
     dsfs = bench.dsfs
     samples, stop = [], threading.Event()
-    sampler = threading.Thread(target=sample_loop, args=(bench, samples, stop))
+    sampler = None
     try:
         bench.start()
         url = bench.url_for(args.rtt)
         run([dsfs, "mount", bench.mnt, "--redis", url, "--dataset", "bench", "--prefetch", "auto",
              "--cache-size", bench.dataset["bytes"], "--timeout", "120s"], env=bench.env)
+        sampler = threading.Thread(target=sample_loop,
+                                   args=(bench, mount_daemon_pid(bench.mnt), samples, stop))
         sampler.start()
         result = os.path.join(bench.workdir, "bench.json")
         run([dsfs, "bench", os.path.join(bench.mnt, "bench"), "--pattern", "epochs", "--jobs", 8,
@@ -78,7 +93,7 @@ def main():
             epoch = json.load(f)["epochs"][0]
     finally:
         stop.set()
-        if sampler.is_alive():
+        if sampler and sampler.is_alive():
             sampler.join()
         bench.close()
     print_samples(samples)
