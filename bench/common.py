@@ -218,19 +218,25 @@ def process_usage(pid):
     return usage
 
 
+def thread_cpu_used(start_threads, end_threads):
+    """[(CPU seconds, name)] of each thread between two process_usage()["threads"] samples,
+    busiest first (a thread that ended between them is not counted; one that began counts from
+    zero)."""
+    return sorted(((cpu - start_threads.get(tid, (name, 0.0))[1], name)
+                   for tid, (name, cpu) in end_threads.items()), reverse=True)
+
+
 def thread_cpu(start, end, seconds):
-    """CPU seconds per thread name between two process_usage() samples (threads that ended
-    between them are not counted), and the busiest single thread: its name and its CPU as a
-    share of `seconds` (near 1.0: that one thread bounds the throughput)."""
+    """CPU seconds per thread name between two process_usage() samples, and the busiest single
+    thread: its name and its CPU as a share of `seconds` (near 1.0: that one thread bounds the
+    throughput)."""
+    used = thread_cpu_used(start["threads"], end["threads"])
     by_name = {}
-    busiest = ("", 0.0)
-    for tid, (name, cpu) in end["threads"].items():
-        used = cpu - start["threads"].get(tid, (name, 0.0))[1]
-        by_name[name] = by_name.get(name, 0.0) + used
-        if used > busiest[1]:
-            busiest = (name, used)
+    for cpu, name in used:
+        by_name[name] = by_name.get(name, 0.0) + cpu
+    busiest_cpu, busiest_name = used[0] if used else (0.0, "")
     return ({k: round(v, 3) for k, v in sorted(by_name.items())},
-            {"name": busiest[0], "share": busiest[1] / seconds if seconds > 0 else 0.0})
+            {"name": busiest_name, "share": busiest_cpu / seconds if seconds > 0 else 0.0})
 
 
 def update_docs_section(start_marker, end_marker, heading, text):

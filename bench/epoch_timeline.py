@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import mount_daemon_pid, process_usage, run  # noqa: E402
+from common import mount_daemon_pid, process_usage, run, thread_cpu_used  # noqa: E402
 from first_epoch import Bench  # noqa: E402
 
 
@@ -37,10 +37,8 @@ def sample_loop(bench, pid, samples, stop):
 
 def busiest_threads(threads, previous, seconds, count=3):
     """The `count` threads that used the most CPU since `previous`: "name share" each."""
-    used = [(cpu - previous.get(tid, (name, 0.0))[1], name)
-            for tid, (name, cpu) in threads.items()]
-    used.sort(reverse=True)
-    return " ".join(f"{name} {cpu / seconds:.0%}" for cpu, name in used[:count] if cpu > 0)
+    return " ".join(f"{name} {cpu / seconds:.0%}"
+                    for cpu, name in thread_cpu_used(previous, threads)[:count] if cpu > 0)
 
 
 def print_samples(samples):
