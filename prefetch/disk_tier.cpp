@@ -563,7 +563,7 @@ std::vector<DiskTier::Found> DiskTier::scan_objects() {
         if (::unlinkat(dir_fd, file, 0) == 0) ++stale[thread];
         return;
       }
-      std::optional<ObjectName> parsed = parse_object_name(name);
+      const std::optional<ObjectName> parsed = parse_object_name(name);
       if (!parsed) return;  // not ours: left alone
       FileId id{.dataset = parsed->dataset,
                 .generation = parsed->generation,
@@ -585,9 +585,8 @@ std::vector<DiskTier::Found> DiskTier::scan_objects() {
         const std::string new_name = path_of(id).filename().string();
         if (::renameat(dir_fd, file, dir_fd, new_name.c_str()) != 0) return;
         ++renamed[thread];
-        parsed->file_size = id.file_size;
       }
-      scanned[thread].push_back(Found{.id = id, .bytes = on_disk_bytes(*parsed->file_size)});
+      scanned[thread].push_back(Found{.id = id, .bytes = on_disk_bytes(id.file_size)});
     };
     try {
       for (unsigned sub = thread; sub < 256; sub += threads)
@@ -805,12 +804,12 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
   if (stats_.queued_bytes + buffer->size() > options_.queue_bytes) {
     // The writers are behind (a fast Redis, busy CPUs): remember it without holding its bytes.
     // While the RAM cache or a reader holds it, a writer that catches up can still write it.
+    if (options_.deferred_limit == 0) {
+      ++stats_.writes_dropped;
+      return false;
+    }
     if (deferred_.size() >= options_.deferred_limit) {
-      if (deferred_.empty()) {
-        ++stats_.writes_dropped;
-        return false;
-      }
-      deferred_.pop_front();
+      deferred_.pop_front();  // the oldest: the least likely to be in memory still
       ++stats_.writes_dropped;
     }
     ++stats_.writes_deferred;
