@@ -1,7 +1,7 @@
 // How long a disk tier takes to open with N objects: loading the index a clean close saved
 // (DIR/index) against listing and stat'ing every object file, each with the kernel's caches
 // dropped first (a mount after a reboot) and warm (a remount). Fills DIR with N tiny objects
-// first if it holds fewer. Then the write-behind rate with 1 and 4 writer threads. Writes JSON.
+// first if it holds fewer. Then the write-behind rate (and CPU per object) with 1 and 4 writer threads. Writes JSON.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,15 @@
 using dsfs::prefetch::DiskTier;
 using dsfs::prefetch::DiskTierKey;
 using dsfs::prefetch::DiskTierOptions;
+
+namespace {
+double process_cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Time a disk tier's open with N objects: saved index vs listing the directory"};
@@ -42,6 +52,10 @@ int main(int argc, char** argv) {
   app.add_option("--writers", writer_threads, "write-behind threads to compare")->delimiter(',');
   app.add_option("--write-objects", write_objects, "objects written per write-behind round");
   app.add_option("--write-size", write_size, "bytes per object written (ImageNet's mean: 110 KB)");
+  uint64_t write_room = 0;
+  app.add_option("--write-room", write_room,
+                 "objects the write-behind tier holds (default: all; fewer: every write past "
+                 "them evicts one)");
   bool writes_only = false;
   app.add_flag("--writes-only", writes_only, "only the write-behind cases (no 1.28 M-object fill)");
   CLI11_PARSE(app, argc, argv);
@@ -111,11 +125,19 @@ int main(int argc, char** argv) {
   out["writes"] = nlohmann::json::array();
   for (const unsigned writers : writer_threads) {
     std::vector<double> rates;
+    std::vector<double> cpu_us;  // the process's CPU per object written (the writers')
+    std::vector<uint64_t> evictions;
     for (unsigned round = 0; round < rounds; ++round) {
-      const std::filesystem::path write_dir = std::filesystem::path(dir).string() + "-writes";
+      // A new directory per round, all removed at the end: on an ext4 without a journal a file
+      // created within a minute of many deletions costs several times the CPU (the inode
+      // allocator checks and skips each recently deleted inode), so removing one round's files
+      // before the next would measure that instead.
+      const std::filesystem::path write_dir =
+          fmt::format("{}-writes/{}-{}", dir, writers, round);
       std::filesystem::remove_all(write_dir);
       DiskTier tier(DiskTierOptions{.dir = write_dir,
-                                    .capacity_bytes = write_objects * (write_size + 8192),
+                                    .capacity_bytes = (write_room ? write_room : write_objects) *
+                                                      (write_size + 8192),
                                     .queue_bytes = write_objects * write_size,
                                     .writer_threads = writers});
       std::vector<dsfs::prefetch::ObjectBuffer> buffers;
@@ -125,6 +147,7 @@ int main(int argc, char** argv) {
       }
       dsfs::tools::drop_page_cache();
       tier.start();
+      const double cpu_start = process_cpu_seconds();
       const auto start = std::chrono::steady_clock::now();
       for (uint64_t id = 0; id < write_objects; ++id) {
         tier.put(DiskTierKey{.dataset = "bench", .generation = 1, .object_id = id}, buffers[id]);
@@ -132,23 +155,35 @@ int main(int argc, char** argv) {
       tier.flush();
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      evictions.push_back(tier.stats().evictions);
       if (tier.stats().writes != write_objects) {
         fmt::print(stderr, "wrote {} of {} objects\n", tier.stats().writes, write_objects);
         return 1;
       }
       rates.push_back(static_cast<double>(write_objects) / seconds);
+      cpu_us.push_back((process_cpu_seconds() - cpu_start) * 1e6 /
+                       static_cast<double>(write_objects));
     }
     std::vector<double> sorted = rates;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
-    fmt::print("write-behind, {} writer{:2}   {:8.0f} objects/s ({:.0f} MB/s; {} x {} bytes)\n",
-               writers, writers == 1 ? "" : "s", median,
-               median * static_cast<double>(write_size) / 1e6, write_objects, write_size);
+    std::vector<double> sorted_cpu = cpu_us;
+    std::sort(sorted_cpu.begin(), sorted_cpu.end());
+    const double median_cpu = sorted_cpu[sorted_cpu.size() / 2];
+    fmt::print(
+        "write-behind, {} writer{:2}   {:8.0f} objects/s ({:.0f} MB/s; {} x {} bytes), {:.0f} us "
+        "CPU each\n",
+        writers, writers == 1 ? "" : "s", median, median * static_cast<double>(write_size) / 1e6,
+        write_objects, write_size, median_cpu);
     out["writes"].push_back({{"writers", writers},
                              {"objects", write_objects},
                              {"object_bytes", write_size},
                              {"median_objects_per_s", median},
-                             {"objects_per_s", rates}});
+                             {"objects_per_s", rates},
+                             {"median_cpu_us_per_object", median_cpu},
+                             {"cpu_us_per_object", cpu_us},
+                             {"room_objects", write_room ? write_room : write_objects},
+                             {"evictions", evictions}});
   }
   std::filesystem::remove_all(std::filesystem::path(dir).string() + "-writes");
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";

@@ -190,11 +190,12 @@ std::string disk_tier_row(const Json& stats) {
   return row(
       "disk tier",
       fmt::format("{} of {}{}  {} objects  hits {}  misses {}  read {}  written {}  "
-                  "dropped {}  bad files {}  write errors {}",
+                  "deferred {}  dropped {}  bad files {}  write errors {}",
                   bytes_text(used), bytes_text(capacity), fill,
                   count_text(number(*tier, {"entries"})), count_text(number(*tier, {"hits"})),
                   count_text(number(*tier, {"misses"})), bytes_text(number(*tier, {"bytes_read"})),
                   count_text(number(*tier, {"writes"})),
+                  count_text(number(*tier, {"writes_deferred"})),
                   count_text(number(*tier, {"writes_dropped"})),
                   count_text(number(*tier, {"checksum_failures"})),
                   count_text(number(*tier, {"write_errors"}))));
