@@ -1,7 +1,8 @@
 // How long a disk tier takes to open with N objects: loading the index a clean close saved
 // (DIR/index) against listing and stat'ing every object file, each with the kernel's caches
 // dropped first (a mount after a reboot) and warm (a remount). Fills DIR with N tiny objects
-// first if it holds fewer. Then the write-behind rate (and CPU per object) with 1 and 4 writer threads. Writes JSON.
+// first if it holds fewer. Then the write-behind rate (and CPU per object) with 1 and 4 writer
+// threads. Writes JSON.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -132,14 +133,13 @@ int main(int argc, char** argv) {
       // created within a minute of many deletions costs several times the CPU (the inode
       // allocator checks and skips each recently deleted inode), so removing one round's files
       // before the next would measure that instead.
-      const std::filesystem::path write_dir =
-          fmt::format("{}-writes/{}-{}", dir, writers, round);
+      const std::filesystem::path write_dir = fmt::format("{}-writes/{}-{}", dir, writers, round);
       std::filesystem::remove_all(write_dir);
-      DiskTier tier(DiskTierOptions{.dir = write_dir,
-                                    .capacity_bytes = (write_room ? write_room : write_objects) *
-                                                      (write_size + 8192),
-                                    .queue_bytes = write_objects * write_size,
-                                    .writer_threads = writers});
+      DiskTier tier(DiskTierOptions{
+          .dir = write_dir,
+          .capacity_bytes = (write_room ? write_room : write_objects) * (write_size + 8192),
+          .queue_bytes = write_objects * write_size,
+          .writer_threads = writers});
       std::vector<dsfs::prefetch::ObjectBuffer> buffers;
       for (uint64_t id = 0; id < write_objects; ++id) {
         buffers.push_back(std::make_shared<const dsfs::prefetch::ObjectData>(
