@@ -374,7 +374,13 @@ class Bench:
 
 
 def plot(results, path):
-    import matplotlib
+    """Writes the plot; False (logged) where this Python has no matplotlib: the JSON is the
+    result, `--report-only` plots it later with one that has."""
+    try:
+        import matplotlib
+    except ImportError:
+        log(f"no matplotlib in {sys.executable}: {path} not written")
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     cfg = results["config"]
@@ -485,8 +491,9 @@ def main():
     bench.results["wall_s"] = round(time.time() - t0, 1)
     bench.save()
     png = os.path.join(args.results_dir, f"{args.name}.png")
-    plot(bench.results, png)
-    log(f"results: {args.results_dir}/{args.name}.json, {png} ({bench.results['wall_s']} s)")
+    plotted = plot(bench.results, png) is not False
+    log(f"results: {args.results_dir}/{args.name}.json{', ' + png if plotted else ''} "
+        f"({bench.results['wall_s']} s)")
 
 
 if __name__ == "__main__":

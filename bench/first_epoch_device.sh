@@ -15,6 +15,10 @@
 #   bench/first_epoch_device.sh timeline [epoch_timeline.py options]   there: the same set-up,
 #                                 then epoch_timeline.py (stats.json every 0.1 s through one
 #                                 epoch) instead, its samples to $OUT/epoch_timeline.json
+#   bench/first_epoch_device.sh disk_tier [disk_tier.py options]   there: the same set-up, then
+#                                 issue 13's bench/disk_tier.py (the local-disk tier; its tiers
+#                                 under --disk-dir, default /tmp, about 2.4 GB per case of 20,000
+#                                 files, kept until the run ends), results to $OUT
 #
 # The binaries run through wrappers that set LD_LIBRARY_PATH for them alone, so the machine's own
 # Python is not handed the bundle's libraries.
@@ -82,6 +86,12 @@ if [[ ${1:-} == timeline ]]; then
   PYTHONUNBUFFERED=1 python3 "$repo/bench/epoch_timeline.py" --build "$work/build" \
     --data-dir "$work/data" --out "$out/epoch_timeline.json" "$@" 2>&1 |
     tee -a "$out/epoch_timeline.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [[ ${1:-} == disk_tier ]]; then
+  shift
+  PYTHONUNBUFFERED=1 python3 "$repo/bench/disk_tier.py" --build "$work/build" \
+    --data-dir "$work/data" --results-dir "$out" "$@" 2>&1 | tee -a "$out/disk_tier_device.log"
   exit "${PIPESTATUS[0]}"
 fi
 PYTHONUNBUFFERED=1 python3 "$repo/bench/first_epoch.py" --builds "$work/build" --labels device \
