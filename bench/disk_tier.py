@@ -374,8 +374,8 @@ class Bench:
 
 
 def plot(results, path):
-    """Writes the plot; False (logged) where this Python has no matplotlib: the JSON is the
-    result, `--report-only` plots it later with one that has."""
+    """Writes the plot and returns True; False (logged) where this Python has no matplotlib: the
+    JSON is the result, `--report-only` plots it later with one that has."""
     try:
         import matplotlib
     except ImportError:
@@ -432,6 +432,7 @@ def plot(results, path):
     axes[0][0].legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main():
@@ -491,7 +492,7 @@ def main():
     bench.results["wall_s"] = round(time.time() - t0, 1)
     bench.save()
     png = os.path.join(args.results_dir, f"{args.name}.png")
-    plotted = plot(bench.results, png) is not False
+    plotted = plot(bench.results, png)
     log(f"results: {args.results_dir}/{args.name}.json{', ' + png if plotted else ''} "
         f"({bench.results['wall_s']} s)")
 

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/measure.h"
 #include "prefetch/disk_tier.h"
 #include "tools/dataset_bench.h"
 
@@ -24,14 +24,8 @@ using dsfs::prefetch::DiskTier;
 using dsfs::prefetch::DiskTierKey;
 using dsfs::prefetch::DiskTierOptions;
 
-namespace {
-double process_cpu_seconds() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  const auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-}  // namespace
+using dsfs::bench::cpu_seconds;
+using dsfs::bench::median_of;
 
 int main(int argc, char** argv) {
   CLI::App app{"Time a disk tier's open with N objects: saved index vs listing the directory"};
@@ -53,7 +47,7 @@ int main(int argc, char** argv) {
   app.add_option("--writers", writer_threads, "write-behind threads to compare")->delimiter(',');
   app.add_option("--write-objects", write_objects, "objects written per write-behind round");
   app.add_option("--write-size", write_size, "bytes per object written (ImageNet's mean: 110 KB)");
-  uint64_t write_room = 0;
+  uint64_t write_room = 0;  // 0: room for every object written
   app.add_option("--write-room", write_room,
                  "objects the write-behind tier holds (default: all; fewer: every write past "
                  "them evicts one)");
@@ -104,9 +98,7 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      std::vector<double> sorted = seconds;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = sorted[sorted.size() / 2];
+      const double median = median_of(seconds);
       const std::string name = with_index
                                    ? fmt::format("saved index, {}", cold ? "cold" : "warm")
                                    : fmt::format("listing ({} thread{}), {}", threads,
@@ -124,6 +116,7 @@ int main(int argc, char** argv) {
   // Writing behind: `write_objects` objects of `write_size` bytes queued at once (the queue
   // holds them all) into a fresh tier beside DIR, timed until every one is on disk.
   out["writes"] = nlohmann::json::array();
+  const uint64_t room_objects = write_room ? write_room : write_objects;
   for (const unsigned writers : writer_threads) {
     std::vector<double> rates;
     std::vector<double> cpu_us;  // the process's CPU per object written (the writers')
@@ -135,11 +128,10 @@ int main(int argc, char** argv) {
       // before the next would measure that instead.
       const std::filesystem::path write_dir = fmt::format("{}-writes/{}-{}", dir, writers, round);
       std::filesystem::remove_all(write_dir);
-      DiskTier tier(DiskTierOptions{
-          .dir = write_dir,
-          .capacity_bytes = (write_room ? write_room : write_objects) * (write_size + 8192),
-          .queue_bytes = write_objects * write_size,
-          .writer_threads = writers});
+      DiskTier tier(DiskTierOptions{.dir = write_dir,
+                                    .capacity_bytes = room_objects * (write_size + 8192),
+                                    .queue_bytes = write_objects * write_size,
+                                    .writer_threads = writers});
       std::vector<dsfs::prefetch::ObjectBuffer> buffers;
       for (uint64_t id = 0; id < write_objects; ++id) {
         buffers.push_back(std::make_shared<const dsfs::prefetch::ObjectData>(
@@ -147,7 +139,7 @@ int main(int argc, char** argv) {
       }
       dsfs::tools::drop_page_cache();
       tier.start();
-      const double cpu_start = process_cpu_seconds();
+      const double cpu_start = cpu_seconds();
       const auto start = std::chrono::steady_clock::now();
       for (uint64_t id = 0; id < write_objects; ++id) {
         tier.put(DiskTierKey{.dataset = "bench", .generation = 1, .object_id = id}, buffers[id]);
@@ -161,15 +153,10 @@ int main(int argc, char** argv) {
         return 1;
       }
       rates.push_back(static_cast<double>(write_objects) / seconds);
-      cpu_us.push_back((process_cpu_seconds() - cpu_start) * 1e6 /
-                       static_cast<double>(write_objects));
+      cpu_us.push_back((cpu_seconds() - cpu_start) * 1e6 / static_cast<double>(write_objects));
     }
-    std::vector<double> sorted = rates;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2];
-    std::vector<double> sorted_cpu = cpu_us;
-    std::sort(sorted_cpu.begin(), sorted_cpu.end());
-    const double median_cpu = sorted_cpu[sorted_cpu.size() / 2];
+    const double median = median_of(rates);
+    const double median_cpu = median_of(cpu_us);
     fmt::print(
         "write-behind, {} writer{:2}   {:8.0f} objects/s ({:.0f} MB/s; {} x {} bytes), {:.0f} us "
         "CPU each\n",
@@ -182,7 +169,7 @@ int main(int argc, char** argv) {
                              {"objects_per_s", rates},
                              {"median_cpu_us_per_object", median_cpu},
                              {"cpu_us_per_object", cpu_us},
-                             {"room_objects", write_room ? write_room : write_objects},
+                             {"room_objects", room_objects},
                              {"evictions", evictions}});
   }
   std::filesystem::remove_all(std::filesystem::path(dir).string() + "-writes");

@@ -11,7 +11,6 @@
 // threads of the process and count too), the median of --rounds. Writes JSON.
 #include <fcntl.h>
 #include <liburing.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,9 +32,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/measure.h"
 #include "prefetch/disk_tier.h"
 #include "tools/dataset_bench.h"
 
+using dsfs::bench::cpu_seconds;
+using dsfs::bench::median_of;
 using dsfs::prefetch::DiskTier;
 using dsfs::prefetch::DiskTierKey;
 using dsfs::prefetch::DiskTierOptions;
@@ -46,18 +48,6 @@ constexpr std::string_view kDataset = "bench";
 
 DiskTierKey key_of(uint64_t id) {
   return DiskTierKey{.dataset = kDataset, .generation = 1, .object_id = id};
-}
-
-double cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 struct Outcome {
