@@ -9,8 +9,9 @@
 #                                 build-device-bundle/bundle.tar.xz (build-* is git-ignored)
 #   bench/first_epoch_device.sh [first_epoch.py options]   there (as root; carry
 #                                 build-device-bundle): unpacks the bundle, runs view_cuda_test
-#                                 when a GPU is there (60 s bound), then first_epoch.py with the
-#                                 bundled build and the options given (results under $OUT when
+#                                 when a GPU is there (60 s bound; SKIP_CUDA_TEST=1: not), then
+#                                 first_epoch.py with the options given (--perf DIR: the bundled
+#                                 perf profiles each case's first run; results under $OUT when
 #                                 set, else bench/results; the docs are left alone)
 #   bench/first_epoch_device.sh timeline [epoch_timeline.py options]   there: the same set-up,
 #                                 then epoch_timeline.py (stats.json every 0.1 s through one
@@ -33,6 +34,9 @@ if [[ ${1:-} == --bundle ]]; then
   trap 'rm -rf "$staging"' EXIT
   binaries=("$build/dsfs" "$build/bench/dsfs_bench_redis_raw" "$(command -v redis-server)")
   [[ -x $build/tests/view_cuda_test ]] && binaries+=("$build/tests/view_cuda_test")
+  # perf, for first_epoch.py --perf there (the machine has none)
+  perf_binary=$(readlink -f "$(command -v perf)" 2>/dev/null || true)
+  [[ -x $perf_binary ]] && binaries+=("$perf_binary")
   "$repo/bench/pack_binaries.sh" "$staging/real" "$staging/libs" "${binaries[@]}"
   git -C "$repo" rev-parse --short HEAD >"$staging/source"
   sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt" >"$staging/build_type"
@@ -59,6 +63,7 @@ wrap() {  # wrap NAME TARGET: TARGET runs the bundled NAME with the bundle's lib
 wrap dsfs "$work/build/dsfs"
 wrap dsfs_bench_redis_raw "$work/build/bench/dsfs_bench_redis_raw"
 wrap redis-server "$work/bin/redis-server"
+[[ -x $work/real/perf ]] && wrap perf "$work/bin/perf"
 export PATH=$work/bin:$PATH
 # What bench/prefetch.py's build_source reads: the build's CMakeCache and a .commit beside its
 # source, so the results name the commit the bundle was built from.
@@ -74,7 +79,7 @@ if [[ ! -c /dev/fuse ]]; then
 fi
 [[ -c /dev/fuse ]] || { echo "first_epoch_device.sh: no /dev/fuse on this machine" >&2; exit 1; }
 
-if [[ -x $work/real/view_cuda_test ]] && command -v nvidia-smi >/dev/null; then
+if [[ -x $work/real/view_cuda_test && -z ${SKIP_CUDA_TEST:-} ]] && command -v nvidia-smi >/dev/null; then
   LD_LIBRARY_PATH=$work/libs timeout 60 "$work/real/view_cuda_test" --gtest_brief=1 \
     >"$out/view_cuda_test.log" 2>&1 && echo "view_cuda_test: passed" ||
     echo "view_cuda_test: FAILED or timed out (exit $?); see view_cuda_test.log"
