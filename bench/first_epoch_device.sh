@@ -32,7 +32,8 @@ if [[ ${1:-} == --bundle ]]; then
   build=$(cd "${2:-$repo/build-lead}" && pwd)
   staging=$(mktemp -d /tmp/device_bundle.XXXXXX)
   trap 'rm -rf "$staging"' EXIT
-  binaries=("$build/dsfs" "$build/bench/dsfs_bench_redis_raw" "$(command -v redis-server)")
+  binaries=("$build/dsfs" "$build/bench/dsfs_bench_redis_raw" "$(command -v redis-server)"
+    "$(command -v redis-cli)")
   [[ -x $build/tests/view_cuda_test ]] && binaries+=("$build/tests/view_cuda_test")
   # perf, for first_epoch.py --perf there (the machine has none)
   perf_binary=$(readlink -f "$(command -v perf)" 2>/dev/null || true)
@@ -63,6 +64,7 @@ wrap() {  # wrap NAME TARGET: TARGET runs the bundled NAME with the bundle's lib
 wrap dsfs "$work/build/dsfs"
 wrap dsfs_bench_redis_raw "$work/build/bench/dsfs_bench_redis_raw"
 wrap redis-server "$work/bin/redis-server"
+wrap redis-cli "$work/bin/redis-cli"  # disk_tier.py counts the server's GETs with it
 [[ -x $work/real/perf ]] && wrap perf "$work/bin/perf"
 export PATH=$work/bin:$PATH
 # What bench/prefetch.py's build_source reads: the build's CMakeCache and a .commit beside its
