@@ -12,7 +12,9 @@
 #                                 when a GPU is there (60 s bound; SKIP_CUDA_TEST=1: not), then
 #                                 first_epoch.py with the options given (--perf DIR: the bundled
 #                                 perf profiles each case's first run; results under $OUT when
-#                                 set, else bench/results; the docs are left alone)
+#                                 set, else bench/results; the docs are left alone); with an
+#                                 older bundle.tar.xz copied to before.tar.xz beside it, both
+#                                 builds side by side (labels after, before)
 #   bench/first_epoch_device.sh timeline [epoch_timeline.py options]   there: the same set-up,
 #                                 then epoch_timeline.py (stats.json every 0.1 s through one
 #                                 epoch) instead, its samples to $OUT/epoch_timeline.json
@@ -41,8 +43,8 @@ if [[ ${1:-} == --bundle ]]; then
   "$repo/bench/pack_binaries.sh" "$staging/real" "$staging/libs" "${binaries[@]}"
   git -C "$repo" rev-parse --short HEAD >"$staging/source"
   sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt" >"$staging/build_type"
-  rm -rf "$bundle"
   mkdir -p "$bundle"
+  rm -f "$bundle/bundle.tar.xz"
   tar -C "$staging" -cJf "$bundle/bundle.tar.xz" real libs source build_type
   echo "bundle ready: $(du -h "$bundle/bundle.tar.xz" | cut -f1) in $bundle (built from $build)"
   exit 0
@@ -74,6 +76,24 @@ cp "$work/source" "$work/src/.commit"
 printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_BUILD_TYPE:STRING=%s\n' "$work/src" \
   "$(cat "$work/build_type")" >"$work/build/CMakeCache.txt"
 echo "bundle from $(cat "$work/source"); $(nproc) CPUs; kernel $(uname -r)"
+# An older bundle beside it (before.tar.xz): first_epoch.py runs both, side by side in one run.
+builds=$work/build
+labels=device
+if [[ -f $bundle/before.tar.xz ]]; then
+  mkdir -p "$work/before/build/bench" "$work/before/src"
+  tar -C "$work/before" -xJf "$bundle/before.tar.xz"
+  for name in dsfs bench/dsfs_bench_redis_raw; do
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$work/before/libs" \
+      "$work/before/real/$(basename "$name")" >"$work/before/build/$name"
+    chmod +x "$work/before/build/$name"
+  done
+  cp "$work/before/source" "$work/before/src/.commit"
+  printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_BUILD_TYPE:STRING=%s\n' "$work/before/src" \
+    "$(cat "$work/before/build_type")" >"$work/before/build/CMakeCache.txt"
+  builds=$work/build,$work/before/build
+  labels=after,before
+  echo "before: bundle from $(cat "$work/before/source")"
+fi
 
 # FUSE: the device must exist (a VM's kernel may have it built in with no node made).
 if [[ ! -c /dev/fuse ]]; then
@@ -101,5 +121,5 @@ if [[ ${1:-} == disk_tier ]]; then
     --data-dir "$work/data" --results-dir "$out" "$@" 2>&1 | tee -a "$out/disk_tier_device.log"
   exit "${PIPESTATUS[0]}"
 fi
-PYTHONUNBUFFERED=1 python3 "$repo/bench/first_epoch.py" --builds "$work/build" --labels device \
+PYTHONUNBUFFERED=1 python3 "$repo/bench/first_epoch.py" --builds "$builds" --labels "$labels" \
   --results-dir "$out" --no-docs --data-dir "$work/data" "$@" 2>&1 | tee -a "$out/first_epoch_device.log"

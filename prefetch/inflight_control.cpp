@@ -44,17 +44,22 @@ void InflightControl::on_rtt_sample(std::chrono::nanoseconds sample, Clock::time
 
 void InflightControl::on_fetched(Clock::time_point now) {
   if (window_ < max_) ++window_;
+  if (now - burst_period_start_ > 2s) {
+    last_period_burst_ = period_burst_;
+    period_burst_ = 0;
+    burst_period_start_ = now;
+  }
   if (last_fetched_ != Clock::time_point{} && now - last_fetched_ < base_rtt_ / 4) {
     ++burst_count_;
     const double seconds = std::chrono::duration<double>(now - burst_start_).count();
     if (burst_count_ >= kBurstSample && seconds > 0) {
-      burst_rate_ = std::max(burst_rate_, static_cast<double>(burst_count_ - 1) / seconds);
+      period_burst_ = std::max(period_burst_, static_cast<double>(burst_count_ - 1) / seconds);
     }
   } else {
-    if (burst_count_ < kBurstSample) burst_rate_ *= 0.5;  // no burst lately: forget slowly
     burst_start_ = now;
     burst_count_ = 1;
   }
+  burst_rate_ = std::max(period_burst_, last_period_burst_);
   last_fetched_ = now;
   ++fetched_count_;
   if (fetched_since_ == Clock::time_point{} || now - fetched_since_ > 1s) {

@@ -68,9 +68,15 @@ class InflightControl {
   uint64_t fetched_count_ = 0;
   // Completions closer together than a quarter of the round trip are one burst: replies that
   // queued behind one another on the way, so their spacing is what the path (server, link and
-  // this daemon) carries when the window does not limit it. The best recent burst's rate.
+  // this daemon) carries when the window does not limit it. The best burst of the current and
+  // the last 2-second period: a lull between rounds (a window that drained, its last replies
+  // trickling in) says nothing of the path and leaves the rate alone, while a path that slowed
+  // down shows it within two periods.
   static constexpr uint64_t kBurstSample = 8;  // completions a burst needs to be measured
   double burst_rate_ = 0;
+  double period_burst_ = 0;
+  double last_period_burst_ = 0;
+  Clock::time_point burst_period_start_{};
   Clock::time_point burst_start_{};
   Clock::time_point last_fetched_{};
   uint64_t burst_count_ = 0;

@@ -363,6 +363,39 @@ TEST(InflightControl, APlannedOrderOpensTheWindowToTheBandwidthDelayProductAtOnc
   EXPECT_EQ(near.limit(), 32u);
 }
 
+// Between two rounds of a planned epoch at 100 ms the window drains and its last replies trickle
+// in one by one. Each such reply used to halve the path's measured rate: three of them took the
+// opening from 2,673 to 1,496/s x 2 x 100 ms on the device machine (stats.json every 0.1 s), and
+// the readers waited on a window that had closed for no reason. A lull leaves the rate alone;
+// bursts that are slower for two periods lower it.
+TEST(InflightControl, APlansOpeningSurvivesALullAndFollowsASlowerPath) {
+  using Clock = InflightControl::Clock;
+  Clock::time_point now{std::chrono::hours(1)};
+  InflightControl planned(16, 8192);
+  planned.set_plan_leads(true);
+  const auto burst = [&](int replies, std::chrono::nanoseconds spacing) {
+    for (int i = 0; i < replies; ++i) {
+      now += spacing;
+      planned.on_rtt_sample(100ms, now);
+      planned.on_fetched(now);
+    }
+  };
+  burst(16, 200us);  // the first round: 5,000 replies/s
+  ASSERT_TRUE(planned.opened_for_plan());
+  const size_t opened = planned.limit();
+  EXPECT_GE(opened, 2 * 500u);
+  burst(5, 30ms);  // a lull: five replies, each more than a quarter round trip after the last
+  EXPECT_NEAR(planned.burst_per_s(), 5000, 100);
+  EXPECT_EQ(planned.limit(), opened);
+  // The path now carries 1,000/s: for two 2-second periods every burst says so.
+  for (int round = 0; round < 25; ++round) {
+    burst(16, 1ms);
+    now += 200ms;
+  }
+  EXPECT_NEAR(planned.burst_per_s(), 1000, 50);
+  EXPECT_LE(planned.limit(), 2 * 100u + 16 + 20);
+}
+
 // The plan's opening trusts the base round trip from the first round trip's replies on, not
 // from one reply: a near server on a loaded machine answered one in 10+ ms now and then (its
 // window opened as if far), and a first reply can include connecting.
