@@ -421,6 +421,27 @@ TEST(InflightControl, APlanOpensOnlyOnceAFewRepliesAgreeTheLinkIsFar) {
 
 // Far from Redis, slow start must still double the window every round trip: each round trip
 // brings back as many replies as were in flight.
+// Near the server the path's rate was first measured after 50 ms of replies; slow start grew by
+// one per reply until then, so a first epoch at 0 ms on 16 CPUs (15,000 replies/s) could have
+// hundreds in flight within its first 50 ms (peaks of 284-513 were seen), each a 111 KB reply a
+// reader's miss waited behind at the server. The first rate sample now comes after 5 ms.
+TEST(InflightControl, NearTheServerSlowStartIsBoundedWithinItsFirstMilliseconds) {
+  using Clock = InflightControl::Clock;
+  InflightControl control(16, 8192);
+  Clock::time_point now{std::chrono::hours(1)};
+  size_t most = 0;
+  for (int i = 0; i < 300; ++i) {  // 20 ms of replies, 15,000/s, a round trip of 0.5 ms
+    now += std::chrono::microseconds(66);
+    control.on_rtt_sample(500us, now);
+    control.on_fetched(now);
+    if (now - Clock::time_point{std::chrono::hours(1)} > 10ms)
+      most = std::max(most, control.limit());
+  }
+  EXPECT_NEAR(control.fetched_per_s(), 15000, 1000);
+  // Four times the 7.5 replies per round trip, plus the floor.
+  EXPECT_LE(most, 16u + 4 * 8u + 2);
+}
+
 TEST(InflightControl, FarFromTheServerSlowStartStillDoublesEachRoundTrip) {
   using Clock = InflightControl::Clock;
   InflightControl control(16, 8192);
