@@ -108,15 +108,22 @@ class RedisServer:
 class Proxy:
     """`dsfs proxy` from a unix socket to Redis's, adding `rtt_ms`."""
 
-    def __init__(self, dsfs, workdir, upstream_sock, rtt_ms):
+    def __init__(self, dsfs, workdir, upstream_sock, rtt_ms, threads=None):
         self.sock = os.path.join(workdir, f"proxy-{rtt_ms}.sock")
         # Real-time priority keeps releases on time on a busy machine; at 0-1 ms it would
         # only cost throughput (bench/proxy_accuracy.py).
         realtime = ["--realtime"] if rtt_ms >= 10 and os.geteuid() == 0 else []
+        # One proxy thread copies about 1.5 GB/s of replies held 100 ms: on 16 CPUs the readers
+        # outran it (docs/benchmarks.md). A thread per 4 CPUs, at most 4; none added on 2 CPUs,
+        # so figures there stay comparable (and builds before --threads still run).
+        if threads is None:
+            threads = int(os.environ.get("DSFS_BENCH_PROXY_THREADS",
+                                         min(4, max(1, (os.cpu_count() or 1) // 4))))
+        more = ["--threads", str(threads)] if threads > 1 else []
         with open(os.path.join(workdir, "proxy.log"), "a") as log_file:
             self.proc = subprocess.Popen(
                 [dsfs, "proxy", "--listen", f"unix:{self.sock}", "--upstream",
-                 f"unix:{upstream_sock}", "--rtt", f"{rtt_ms}ms", *realtime],
+                 f"unix:{upstream_sock}", "--rtt", f"{rtt_ms}ms", *realtime, *more],
                 stdout=subprocess.DEVNULL, stderr=log_file)
         wait_for_socket(self.sock, self.proc, "dsfs proxy")
 

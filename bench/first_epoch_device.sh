@@ -18,6 +18,8 @@
 #   bench/first_epoch_device.sh timeline [epoch_timeline.py options]   there: the same set-up,
 #                                 then epoch_timeline.py (stats.json every 0.1 s through one
 #                                 epoch) instead, its samples to $OUT/epoch_timeline.json
+#   bench/first_epoch_device.sh proxy_threads [proxy_threads.py options]   there: what
+#                                 `dsfs proxy --threads N` carries at 100 ms, results to $OUT
 #   bench/first_epoch_device.sh disk_tier [disk_tier.py options]   there: the same set-up, then
 #                                 issue 13's bench/disk_tier.py (the local-disk tier; its tiers
 #                                 under --disk-dir, default /tmp, about 2.4 GB per case of 20,000
@@ -113,6 +115,12 @@ if [[ ${1:-} == timeline ]]; then
   PYTHONUNBUFFERED=1 python3 "$repo/bench/epoch_timeline.py" --build "$work/build" \
     --data-dir "$work/data" --out "$out/epoch_timeline.json" "$@" 2>&1 |
     tee -a "$out/epoch_timeline.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [[ ${1:-} == proxy_threads ]]; then
+  shift
+  PYTHONUNBUFFERED=1 python3 "$repo/bench/proxy_threads.py" --build "$work/build" \
+    --data-dir "$work/data" --results-dir "$out" "$@" 2>&1 | tee -a "$out/proxy_threads.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [[ ${1:-} == disk_tier ]]; then

@@ -26,9 +26,11 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <queue>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -48,6 +50,7 @@ constexpr size_t kMinReadBytes = size_t{64} << 10;
 // Free blocks kept for reuse (64 MiB); more go back to the allocator.
 constexpr size_t kMaxFreeBlocks = 256;
 constexpr int kMaxEvents = 256;
+constexpr size_t kMaxThreads = 64;
 constexpr int kMaxWriteIovecs = 16;
 // Reads in a row from one socket before the others (and due releases) get a turn (1 MiB).
 constexpr int kReadsPerTurn = 4;
@@ -274,11 +277,12 @@ struct Counters {
   std::atomic<bool> refusing{false};
 };
 
+// Every engine adds to the same counters (ProxyOptions::threads).
 void add(std::atomic<uint64_t>& counter, uint64_t amount) {
-  counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
+  counter.fetch_add(amount, std::memory_order_relaxed);
 }
 void subtract(std::atomic<uint64_t>& counter, uint64_t amount) {
-  counter.store(counter.load(std::memory_order_relaxed) - amount, std::memory_order_relaxed);
+  counter.fetch_sub(amount, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -459,6 +463,14 @@ void validate_proxy_options(const ProxyOptions& options) {
     bad_argument(fmt::format("the queue bound must be at least {} bytes", kMinQueuedBytes));
   }
   if (options.stats_interval < 0ns) bad_argument("--stats must not be negative");
+  if (options.threads < 1 || options.threads > kMaxThreads) {
+    bad_argument(fmt::format("--threads must be in 1..{}, not {}", kMaxThreads, options.threads));
+  }
+  if (options.threads > 1 && (options.rate_bytes_per_second > 0 || options.faults.any())) {
+    bad_argument(
+        "--threads above 1 works without --rate (one link shared by every connection) and "
+        "without fault injection (one seeded sequence of decisions); use --threads 1 with them");
+  }
   const auto check_address = [](const SocketAddress& address, std::string_view what, bool listen) {
     if (address.kind == SocketAddress::Kind::kUnix) {
       if (address.path.empty() || address.path.size() >= sizeof(sockaddr_un::sun_path)) {
@@ -582,9 +594,18 @@ ProxyClock::time_point EmulatedLink::schedule_end(ProxyClock::time_point arrival
 
 // ---- the engine ----
 
+struct LatencyProxy::SharedCounters {
+  Counters counters;
+};
+
+// One thread's share of the proxy: the connections handed to it, its own epoll, timers and
+// block pool. Engine 0 also listens and accepts; adopt() is how the others receive connections
+// (the one call made from another thread, besides stop()).
 class LatencyProxy::Engine {
  public:
-  explicit Engine(ProxyOptions options);
+  // `index` 0 listens; the others serve what adopt() hands them. Every engine counts in
+  // `counters`.
+  Engine(ProxyOptions options, Counters& counters, size_t index);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -594,9 +615,16 @@ class LatencyProxy::Engine {
   void run();
   void stop() noexcept;
   ProxyStats stats() const;
+  // Engine 0 only, before run(): the engines it hands new connections to, in turn with itself.
+  void set_peers(std::vector<Engine*> peers) { peers_ = std::move(peers); }
+  // Serves `client` from now on; thread-safe.
+  void adopt(UniqueFd client);
 
  private:
   enum class ReadOutcome { kProgress, kIdle, kClosed };
+
+  void wake() noexcept;
+  void open_adopted(Time now);
 
   void listen();
   // Opens the listening socket again after a refusal window, on the address it had.
@@ -642,7 +670,12 @@ class LatencyProxy::Engine {
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
   std::vector<std::pair<uint64_t, int>> deferred_;  // directions that had to yield their turn
   Time accept_retry_at_ = Time::max();
-  Counters counters_;
+  Counters& counters_;
+  std::vector<Engine*> peers_;
+  size_t next_engine_ = 0;  // whose turn the next accepted connection is (0: this one)
+  std::mutex adopted_mutex_;
+  std::vector<UniqueFd> adopted_;  // handed over by engine 0, not yet opened here
+  size_t connection_id_step_ = 1;
   uint64_t fault_seed_;
   FaultInjector faults_;
   Time started_at_ = ProxyClock::now();
@@ -651,12 +684,17 @@ class LatencyProxy::Engine {
   Time last_stats_at_ = ProxyClock::now();
 };
 
-LatencyProxy::Engine::Engine(ProxyOptions options)
+LatencyProxy::Engine::Engine(ProxyOptions options, Counters& counters, size_t index)
     : options_((validate_proxy_options(options), std::move(options))),
-      jitter_seed_(options_.jitter_seed != 0 ? options_.jitter_seed : std::random_device{}()),
+      jitter_seed_((options_.jitter_seed != 0 ? options_.jitter_seed : std::random_device{}()) +
+                   2 * index),
       links_{EmulatedLink(options_, jitter_seed_), EmulatedLink(options_, jitter_seed_ + 1)},
+      next_connection_id_(index + 1),
+      counters_(counters),
+      connection_id_step_(options_.threads),
       fault_seed_(options_.faults.seed != 0 ? options_.faults.seed : std::random_device{}()),
       faults_(options_.faults, fault_seed_) {
+  if (index > 0) options_.stats_interval = nanoseconds{0};  // engine 0 logs for all
   try {
     const auto upstream = resolve(options_.upstream, false);
     upstream_ = upstream.front();
@@ -664,7 +702,7 @@ LatencyProxy::Engine::Engine(ProxyOptions options)
     throw std::runtime_error(
         fmt::format("--upstream {}: {}", options_.upstream.describe(), e.what()));
   }
-  listen();
+  if (index == 0) listen();
   epoll_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
   wake_ = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!epoll_ || !wake_) {
@@ -677,7 +715,8 @@ LatencyProxy::Engine::Engine(ProxyOptions options)
   epoll_event wake_event{};
   wake_event.events = EPOLLIN;
   wake_event.data.u64 = kWakeToken;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &listener_event) != 0 ||
+  if ((listener_ &&
+       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &listener_event) != 0) ||
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &wake_event) != 0) {
     throw std::runtime_error(fmt::format("dsfs proxy: epoll_ctl failed: {}", error_text(errno)));
   }
@@ -804,6 +843,27 @@ void LatencyProxy::Engine::update_refusal(Time now) {
 
 void LatencyProxy::Engine::stop() noexcept {
   stop_requested_.store(true);
+  wake();
+}
+
+void LatencyProxy::Engine::adopt(UniqueFd client) {
+  {
+    std::lock_guard lock(adopted_mutex_);
+    adopted_.push_back(std::move(client));
+  }
+  wake();
+}
+
+void LatencyProxy::Engine::open_adopted(Time now) {
+  std::vector<UniqueFd> clients;
+  {
+    std::lock_guard lock(adopted_mutex_);
+    clients.swap(adopted_);
+  }
+  for (UniqueFd& client : clients) open_connection(std::move(client), now);
+}
+
+void LatencyProxy::Engine::wake() noexcept {
   const uint64_t one = 1;
   // write(2) is async-signal-safe; a full counter (never in practice) still wakes the loop.
   if (::write(wake_.get(), &one, sizeof one) < 0) {
@@ -857,6 +917,7 @@ void LatencyProxy::Engine::run() {
         uint64_t value = 0;
         if (::read(wake_.get(), &value, sizeof value) < 0) {
         }
+        open_adopted(ProxyClock::now());
       } else {
         on_socket_event(token, events[i].events);
       }
@@ -878,11 +939,13 @@ void LatencyProxy::Engine::run() {
     }
   }
   for (auto& [id, connection] : connections_) {
-    for (Direction& d : connection->directions) release_blocks(d);
+    for (Direction& d : connection->directions) {
+      subtract(counters_.queued, d.queued());
+      release_blocks(d);
+    }
   }
+  subtract(counters_.open, connections_.size());
   connections_.clear();
-  counters_.open.store(0, std::memory_order_relaxed);
-  counters_.queued.store(0, std::memory_order_relaxed);
   if (options_.stats_interval > 0ns) log_stats("final: ");
 }
 
@@ -891,7 +954,12 @@ void LatencyProxy::Engine::accept_clients(Time now) {
   for (;;) {
     UniqueFd client(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (client) {
-      open_connection(std::move(client), now);
+      const size_t turn = next_engine_++ % (peers_.size() + 1);
+      if (turn == 0) {
+        open_connection(std::move(client), now);
+      } else {
+        peers_[turn - 1]->adopt(std::move(client));
+      }
       continue;
     }
     const int error = errno;
@@ -907,7 +975,8 @@ void LatencyProxy::Engine::accept_clients(Time now) {
 
 void LatencyProxy::Engine::open_connection(UniqueFd client, Time now) {
   add(counters_.accepted, 1);
-  const uint64_t id = next_connection_id_++;
+  const uint64_t id = next_connection_id_;
+  next_connection_id_ += connection_id_step_;
   const auto refuse = [&](int error) {
     add(counters_.connect_failures, 1);
     spdlog::warn("dsfs proxy: cannot connect to upstream {}: {}; closing client connection #{}",
@@ -1232,8 +1301,9 @@ void LatencyProxy::Engine::record_lateness(nanoseconds lateness) {
   const auto ns = static_cast<uint64_t>(std::max<int64_t>(lateness.count(), 0));
   add(counters_.releases, 1);
   add(counters_.lateness_sum_ns, ns);
-  if (ns > counters_.lateness_max_ns.load(std::memory_order_relaxed)) {
-    counters_.lateness_max_ns.store(ns, std::memory_order_relaxed);
+  uint64_t most = counters_.lateness_max_ns.load(std::memory_order_relaxed);
+  while (ns > most &&
+         !counters_.lateness_max_ns.compare_exchange_weak(most, ns, std::memory_order_relaxed)) {
   }
   const size_t bucket = std::min<size_t>(std::bit_width(ns / 1000), kLatenessBuckets - 1);
   add(counters_.lateness_buckets[bucket], 1);
@@ -1302,23 +1372,51 @@ void LatencyProxy::Engine::log_stats(std::string_view when) {
 
 // ---- public wrappers ----
 
-LatencyProxy::LatencyProxy(ProxyOptions options)
-    : engine_(std::make_unique<Engine>(std::move(options))) {}
+LatencyProxy::LatencyProxy(ProxyOptions options) : counters_(std::make_unique<SharedCounters>()) {
+  validate_proxy_options(options);
+  for (size_t index = 0; index < options.threads; ++index) {
+    engines_.push_back(std::make_unique<Engine>(options, counters_->counters, index));
+  }
+  std::vector<Engine*> peers;
+  for (size_t index = 1; index < engines_.size(); ++index) peers.push_back(engines_[index].get());
+  engines_[0]->set_peers(std::move(peers));
+}
 LatencyProxy::~LatencyProxy() = default;
 const SocketAddress& LatencyProxy::listening_address() const {
-  return engine_->listening_address();
+  return engines_[0]->listening_address();
 }
 const ProxyOptions& LatencyProxy::options() const {
-  return engine_->options();
+  return engines_[0]->options();
 }
 void LatencyProxy::run() {
-  engine_->run();
+  std::vector<std::exception_ptr> failures(engines_.size());
+  std::vector<std::thread> threads;
+  for (size_t index = 1; index < engines_.size(); ++index) {
+    threads.emplace_back([this, index, &failures] {
+      try {
+        engines_[index]->run();
+      } catch (...) {
+        failures[index] = std::current_exception();
+        engines_[0]->stop();  // one engine failing stops the proxy
+      }
+    });
+  }
+  try {
+    engines_[0]->run();
+  } catch (...) {
+    failures[0] = std::current_exception();
+  }
+  for (size_t index = 1; index < engines_.size(); ++index) engines_[index]->stop();
+  for (std::thread& thread : threads) thread.join();
+  for (std::exception_ptr& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
+  }
 }
 void LatencyProxy::stop() noexcept {
-  engine_->stop();
+  for (const std::unique_ptr<Engine>& engine : engines_) engine->stop();
 }
 ProxyStats LatencyProxy::stats() const {
-  return engine_->stats();
+  return engines_[0]->stats();
 }
 
 BackgroundProxy::BackgroundProxy(ProxyOptions options) : proxy_(std::move(options)) {

@@ -355,6 +355,16 @@ TEST(ProxyParse, OptionsAreValidated) {
   options.max_queued_bytes = 100;
   EXPECT_THROW(validate_proxy_options(options), std::invalid_argument);
   EXPECT_THROW(LatencyProxy{options}, std::invalid_argument);
+  options = proxy_to(tcp_address(6379), 10ms);
+  options.threads = 0;
+  EXPECT_THROW(validate_proxy_options(options), std::invalid_argument);
+  options.threads = 4;
+  EXPECT_NO_THROW(validate_proxy_options(options));
+  options.rate_bytes_per_second = parse_rate("1gbit");  // one link shared by every connection
+  EXPECT_THROW(validate_proxy_options(options), std::invalid_argument);
+  options.rate_bytes_per_second = 0;
+  options.faults.truncate_probability = 0.1;  // one seeded sequence of decisions
+  EXPECT_THROW(validate_proxy_options(options), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------- the link arithmetic
@@ -521,9 +531,11 @@ TEST(LatencyProxy, PipelinedRepliesComeBackInOrderDespiteJitter) {
   }
 }
 
-TEST(LatencyProxy, TwoHundredConcurrentConnections) {
+void expect_two_hundred_concurrent_connections(size_t proxy_threads) {
   TestRedisServer redis(TestRedisOptions{.extra_args = {"--maxclients", "1000"}});
-  BackgroundProxy proxy(proxy_to(tcp_address(redis.port()), 5ms));
+  ProxyOptions options = proxy_to(tcp_address(redis.port()), 5ms);
+  options.threads = proxy_threads;
+  BackgroundProxy proxy(options);
   constexpr int kConnections = 200;
   constexpr int kThreads = 4;
   std::vector<std::unique_ptr<store::Connection>> clients;
@@ -562,6 +574,40 @@ TEST(LatencyProxy, TwoHundredConcurrentConnections) {
   EXPECT_EQ(proxy.proxy().stats().connections_accepted, static_cast<uint64_t>(kConnections));
   clients.clear();
   EXPECT_TRUE(eventually([&] { return proxy.proxy().stats().connections_open == 0; }));
+  EXPECT_EQ(proxy.proxy().stats().bytes_queued, 0u);
+}
+
+TEST(LatencyProxy, TwoHundredConcurrentConnections) {
+  expect_two_hundred_concurrent_connections(1);
+}
+
+// With --threads the first engine accepts and hands every connection after it to the next
+// engine in turn: three of every four here are served by other threads, whose counters add up
+// in one ProxyStats.
+TEST(LatencyProxy, TwoHundredConnectionsOverFourThreads) {
+  expect_two_hundred_concurrent_connections(4);
+}
+
+TEST(LatencyProxy, LargeValuesArriveIntactOverSeveralThreads) {
+  TestRedisServer redis;
+  ProxyOptions options = proxy_to(tcp_address(redis.port()), 2ms);
+  options.threads = 3;
+  BackgroundProxy proxy(options);
+  const std::string value = pattern_bytes(size_t{8} << 20, 11);
+  {
+    store::Connection writer(endpoint_of(proxy.address()));
+    writer.command({"SET", "big", value}).expect_ok("SET big");
+  }
+  std::vector<std::unique_ptr<store::Connection>> readers;
+  for (int i = 0; i < 6; ++i) {
+    readers.push_back(std::make_unique<store::Connection>(endpoint_of(proxy.address())));
+    readers.back()->append({"GET", "big"});
+  }
+  for (auto& reader : readers) EXPECT_TRUE(reader->read_reply().str() == value);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(readers[1]->command({"PING"}).str(), "PONG");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 2ms);  // the delay holds on every thread
+  EXPECT_EQ(proxy.proxy().stats().connections_accepted, 7u);
 }
 
 TEST(LatencyProxy, ClientCloseClosesTheUpstreamConnection) {
@@ -739,6 +785,9 @@ TEST(ProxyCommand, BadArgumentsAreClearErrors) {
   EXPECT_THAT(command_error({"--listen", "unix:/tmp/x.sock", "--upstream", "127.0.0.1:6379",
                              "--rtt", "10ms", "--port-file", "/tmp/x.port"}),
               HasSubstr("--port-file"));
+  EXPECT_THAT(command_error({"--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:6379", "--rtt",
+                             "10ms", "--threads", "2", "--rate", "1gbit"}),
+              AllOf(HasSubstr("--threads"), HasSubstr("--rate")));
   EXPECT_THROW(run_command({"--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:6379"}),
                CLI::RequiredError);
 }
