@@ -50,6 +50,7 @@ import argparse
 import json
 import re
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -285,6 +286,7 @@ class Bench:
             self.tier_dir = tempfile.mkdtemp(prefix="dsfs-tier-", dir=a.disk_dir)
             tier_size = int(self.dataset["bytes"] * 1.01) + 4096 * self.dataset["files"] + (16 << 20)
             args += ["--disk-cache", self.tier_dir, "--disk-cache-size", tier_size]
+        args += shlex.split(a.mount_options)
         t0 = time.perf_counter()
         run(args, env=self.env)
         mount_s = time.perf_counter() - t0
@@ -454,6 +456,9 @@ def main():
     p.add_argument("--readers", default="c,python", help="c,python,plan (c,python)")
     p.add_argument("--disk-dir", default="/tmp",
                    help="where the tier's directory is made (/tmp; should be a real disk)")
+    p.add_argument("--mount-options", default="",
+                   help="more `dsfs mount` options for every mount, e.g. \"--connections 16\" "
+                        "(the prefetch workers, which also stage from the tier, one read each)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
     p.add_argument("--keep-data", action="store_true")
     p.add_argument("--no-remount", dest="remount", action="store_false",
