@@ -35,6 +35,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/store/thread_name.h"
+
 namespace dsfs::tools {
 
 namespace {
@@ -1393,6 +1395,7 @@ void LatencyProxy::run() {
   std::vector<std::thread> threads;
   for (size_t index = 1; index < engines_.size(); ++index) {
     threads.emplace_back([this, index, &failures] {
+      name_this_thread(fmt::format("proxy-{}", index));
       try {
         engines_[index]->run();
       } catch (...) {

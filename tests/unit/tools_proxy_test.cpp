@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <set>
@@ -531,11 +532,26 @@ TEST(LatencyProxy, PipelinedRepliesComeBackInOrderDespiteJitter) {
   }
 }
 
+// Threads of this process named proxy-N: the engines beyond the first (which runs on the caller's
+// thread).
+size_t proxy_engine_threads() {
+  size_t count = 0;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.starts_with("proxy-")) ++count;
+  }
+  return count;
+}
+
 void expect_two_hundred_concurrent_connections(size_t proxy_threads) {
   TestRedisServer redis(TestRedisOptions{.extra_args = {"--maxclients", "1000"}});
   ProxyOptions options = proxy_to(tcp_address(redis.port()), 5ms);
   options.threads = proxy_threads;
   BackgroundProxy proxy(options);
+  // The other engines run (a proxy ignoring --threads would pass the rest of this test too).
+  ASSERT_TRUE(eventually([&] { return proxy_engine_threads() == proxy_threads - 1; }));
   constexpr int kConnections = 200;
   constexpr int kThreads = 4;
   std::vector<std::unique_ptr<store::Connection>> clients;
