@@ -174,7 +174,8 @@ class Bench:
 
     # ---- one first epoch ----
 
-    def epoch(self, build, url, mode, cache_fraction, reader, seed):
+    def epoch(self, build, url, mode, cache_fraction, reader, seed, profile_name=None):
+        """One first epoch; with `profile_name`, profiled (--perf) under that name."""
         spec = MODES[mode]
         cache = max(1 << 20, int(self.dataset["bytes"] * cache_fraction))
         run([build["dsfs"], "mount", self.mnt, "--redis", url, "--dataset", "bench", "--prefetch",
@@ -184,7 +185,7 @@ class Bench:
             pid = mount_daemon_pid(self.mnt)
             before = self.stats()
             start = process_usage(pid)
-            profile = self.start_profile(build, mode, cache_fraction, reader, seed, pid)
+            profile = self.start_profile(profile_name, pid) if profile_name else None
             proxy_start = process_usage(self.proxy.proc.pid)["cpu_s"] if self.proxy else 0
             if reader == "c":
                 out = os.path.join(self.workdir, "bench.json")
@@ -239,13 +240,8 @@ class Bench:
 
     # ---- --perf: where the CPUs went during the first run of each case ----
 
-    def start_profile(self, build, mode, cache_fraction, reader, seed, daemon_pid):
-        """`perf record` of every CPU (cpu-clock: a VM may have no PMU) while the reader runs,
-        for the first run (seed 1000) of each case; None when --perf is not given."""
-        if not getattr(self.args, "perf", None) or seed != 1000:
-            return None
-        label = next(k for k, v in self.builds.items() if v is build)
-        name = f"{label}-rtt{self.current_rtt}-cache{round(100 * cache_fraction)}-{mode}-{reader}"
+    def start_profile(self, name, daemon_pid):
+        """`perf record` of every CPU (cpu-clock: a VM may have no PMU) while the reader runs."""
         data = os.path.join(self.workdir, f"{name}.perf.data")
         proc = subprocess.Popen([self.args.perf_binary, "record", "-a", "-e", "cpu-clock", "-F",
                                  "997", "-o", data, "--", "sleep", "600"],
@@ -288,7 +284,6 @@ class Bench:
     def sweep(self):
         a = self.args
         for rtt in a.rtts:
-            self.current_rtt = rtt
             url = self.url_for(rtt)
             runs = {}
             raw = []
@@ -304,7 +299,11 @@ class Bench:
                             # a pair once read 3,882 and 5,385 files/s, first and second.
                             builds = list(self.builds.items())
                             for label, build in (builds[::-1] if rep % 2 else builds):
-                                fig = self.epoch(build, url, mode, fraction / 100, reader, seed)
+                                # --perf: the first run of each case
+                                profile = (f"{label}-rtt{rtt}-cache{fraction}-{mode}-{reader}"
+                                           if a.perf and rep == 0 else None)
+                                fig = self.epoch(build, url, mode, fraction / 100, reader, seed,
+                                                 profile)
                                 runs.setdefault((label, fraction, mode, reader), []).append(fig)
                                 log(f"rtt {rtt} ms, cache {fraction}%, {mode}, {reader}, "
                                     f"{label}, run {rep + 1}: {fig['files_per_s']:.0f} files/s, "

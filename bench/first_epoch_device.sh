@@ -59,39 +59,34 @@ out=${OUT:-$repo/bench/results}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/first_epoch_device.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-tar -C "$work" -xJf "$bundle/bundle.tar.xz"
-mkdir -p "$work/build/bench" "$work/bin"
-wrap() {  # wrap NAME TARGET: TARGET runs the bundled NAME with the bundle's libraries
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$work/libs" "$work/real/$1" >"$2"
-  chmod +x "$2"
+wrap() {  # wrap DIR NAME TARGET: TARGET runs DIR's bundled NAME with DIR's libraries
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$1/libs" "$1/real/$2" >"$3"
+  chmod +x "$3"
 }
-wrap dsfs "$work/build/dsfs"
-wrap dsfs_bench_redis_raw "$work/build/bench/dsfs_bench_redis_raw"
-wrap redis-server "$work/bin/redis-server"
-wrap redis-cli "$work/bin/redis-cli"  # disk_tier.py counts the server's GETs with it
-[[ -x $work/real/perf ]] && wrap perf "$work/bin/perf"
+# unpack TARBALL DIR: the bundle under DIR, and DIR/build as a build folder for the benchmarks:
+# wrappers for dsfs and dsfs_bench_redis_raw, and what bench/prefetch.py's build_source reads
+# (a CMakeCache and a .commit beside its source) so the results name the bundle's commit.
+unpack() {
+  mkdir -p "$2/build/bench" "$2/src"
+  tar -C "$2" -xJf "$1"
+  wrap "$2" dsfs "$2/build/dsfs"
+  wrap "$2" dsfs_bench_redis_raw "$2/build/bench/dsfs_bench_redis_raw"
+  cp "$2/source" "$2/src/.commit"
+  printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_BUILD_TYPE:STRING=%s\n' "$2/src" \
+    "$(cat "$2/build_type")" >"$2/build/CMakeCache.txt"
+}
+unpack "$bundle/bundle.tar.xz" "$work"
+mkdir -p "$work/bin"
+wrap "$work" redis-server "$work/bin/redis-server"
+wrap "$work" redis-cli "$work/bin/redis-cli"  # disk_tier.py counts the server's GETs with it
+[[ -x $work/real/perf ]] && wrap "$work" perf "$work/bin/perf"
 export PATH=$work/bin:$PATH
-# What bench/prefetch.py's build_source reads: the build's CMakeCache and a .commit beside its
-# source, so the results name the commit the bundle was built from.
-mkdir -p "$work/src"
-cp "$work/source" "$work/src/.commit"
-printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_BUILD_TYPE:STRING=%s\n' "$work/src" \
-  "$(cat "$work/build_type")" >"$work/build/CMakeCache.txt"
 echo "bundle from $(cat "$work/source"); $(nproc) CPUs; kernel $(uname -r)"
 # An older bundle beside it (before.tar.xz): first_epoch.py runs both, side by side in one run.
 builds=$work/build
 labels=device
 if [[ -f $bundle/before.tar.xz ]]; then
-  mkdir -p "$work/before/build/bench" "$work/before/src"
-  tar -C "$work/before" -xJf "$bundle/before.tar.xz"
-  for name in dsfs bench/dsfs_bench_redis_raw; do
-    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$work/before/libs" \
-      "$work/before/real/$(basename "$name")" >"$work/before/build/$name"
-    chmod +x "$work/before/build/$name"
-  done
-  cp "$work/before/source" "$work/before/src/.commit"
-  printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_BUILD_TYPE:STRING=%s\n' "$work/before/src" \
-    "$(cat "$work/before/build_type")" >"$work/before/build/CMakeCache.txt"
+  unpack "$bundle/before.tar.xz" "$work/before"
   builds=$work/build,$work/before/build
   labels=after,before
   echo "before: bundle from $(cat "$work/before/source")"

@@ -59,7 +59,6 @@ void InflightControl::on_fetched(Clock::time_point now) {
     burst_start_ = now;
     burst_count_ = 1;
   }
-  burst_rate_ = std::max(period_burst_, last_period_burst_);
   last_fetched_ = now;
   ++fetched_count_;
   if (fetched_since_ == Clock::time_point{} || now - fetched_since_ > 1s) {
@@ -90,7 +89,7 @@ size_t InflightControl::limit(double share) const {
   // A plan's opening: twice the path's bandwidth-delay product, replies queueing included.
   const double base_rtt_s = static_cast<double>(base_rtt_.count()) / 1e9;
   const size_t opening =
-      opened_for_plan() ? static_cast<size_t>(2 * burst_rate_ * base_rtt_s) + floor_ : 0;
+      opened_for_plan() ? static_cast<size_t>(2 * burst_per_s() * base_rtt_s) + floor_ : 0;
   // Twice the bandwidth-delay product: replies also queue behind one another.
   const auto wanted = static_cast<size_t>(2 * rate_ * share * rtt_s) + floor_;
   size_t window = window_;

@@ -1,5 +1,6 @@
 #pragma once
 // The in-flight budget of one path to Redis: how many prefetches may be outstanding on it.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -49,7 +50,7 @@ class InflightControl {
   double base_rtt_ms() const { return base_rtt_.count() / 1e6; }
   double files_per_s() const { return rate_; }
   double fetched_per_s() const { return fetch_rate_; }
-  double burst_per_s() const { return burst_rate_; }
+  double burst_per_s() const { return std::max(period_burst_, last_period_burst_); }
   size_t max() const { return max_; }
 
  private:
@@ -73,7 +74,6 @@ class InflightControl {
   // trickling in) says nothing of the path and leaves the rate alone, while a path that slowed
   // down shows it within two periods.
   static constexpr uint64_t kBurstSample = 8;  // completions a burst needs to be measured
-  double burst_rate_ = 0;
   double period_burst_ = 0;
   double last_period_burst_ = 0;
   Clock::time_point burst_period_start_{};

@@ -605,8 +605,8 @@ struct LatencyProxy::SharedCounters {
 // (the one call made from another thread, besides stop()).
 class LatencyProxy::Engine {
  public:
-  // `index` 0 listens; the others serve what adopt() hands them. Every engine counts in
-  // `counters`.
+  // `options` validated by LatencyProxy. `index` 0 listens; the others serve what adopt() hands
+  // them. Every engine counts in `counters`.
   Engine(ProxyOptions options, Counters& counters, size_t index);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -687,7 +687,7 @@ class LatencyProxy::Engine {
 };
 
 LatencyProxy::Engine::Engine(ProxyOptions options, Counters& counters, size_t index)
-    : options_((validate_proxy_options(options), std::move(options))),
+    : options_(std::move(options)),
       jitter_seed_((options_.jitter_seed != 0 ? options_.jitter_seed : std::random_device{}()) +
                    2 * index),
       links_{EmulatedLink(options_, jitter_seed_), EmulatedLink(options_, jitter_seed_ + 1)},
