@@ -62,7 +62,8 @@ struct FilesystemOptions {
   // Memory all view renders in flight share (decoded pixels, working rows, the file).
   uint64_t view_render_memory_bytes = view::kDefaultRenderMemoryBytes;
   prefetch::PrefetchMode prefetch = prefetch::PrefetchMode::kAuto;
-  size_t max_inflight = 0;  // 0: derived from the cache size
+  size_t max_inflight = 0;   // 0: derived from the cache size
+  size_t disk_stagers = 16;  // with disk_tier: threads staging from it (--disk-cache-readers)
   // Datasets appearing, going and being refreshed while mounted. No polling by default here;
   // `dsfs mount` polls every --watch-interval.
   WatchOptions watch = no_polling();

@@ -59,6 +59,7 @@ struct MountArgs {
   uint64_t cache_bytes = default_cache_bytes();
   std::string disk_cache;
   uint64_t disk_cache_bytes = 0;
+  unsigned disk_cache_readers = 16;
   double timeout_s = 30;
   double lease_ttl_s = static_cast<double>(kDefaultLeaseTtl.count()) / 1000.0;
   bool verify = false;
@@ -309,6 +310,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   fs_options.view_render_memory_bytes = args.view_render_memory_bytes;
   fs_options.prefetch = prefetch::parse_prefetch_mode(args.prefetch);
   fs_options.max_inflight = args.max_inflight;
+  fs_options.disk_stagers = args.disk_cache_readers;
   fs_options.watch = WatchOptions{
       .names = args.datasets,
       .interval = std::chrono::milliseconds(static_cast<int64_t>(args.watch_interval_s * 1000)),
@@ -593,6 +595,15 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "remount) reads stay local")
       ->transform(CLI::AsSizeValue(false))
       ->needs(disk_cache);
+  mount
+      ->add_option("--disk-cache-readers", mount_args->disk_cache_readers,
+                   "Threads that read the files the prefetcher foresees from the --disk-cache "
+                   "directory into memory ahead of the readers, one file each at a time: the "
+                   "depth of the disk's queue. An NVMe or SSD serves many reads at once; on a "
+                   "single spinning disk fewer (4) seek less")
+      ->check(CLI::Range(1u, 256u))
+      ->needs(disk_cache)
+      ->capture_default_str();
   mount
       ->add_option("--timeout", mount_args->timeout_s,
                    "How long a read waits for an unreachable Redis before failing with EIO "

@@ -728,6 +728,12 @@ void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::s
   erase_locked(id);
 }
 
+bool DiskTier::holds(const DiskTierKey& key, uint64_t length) const {
+  const FileId id = id_of(key, length);
+  std::lock_guard lock(mutex_);
+  return index_.contains(id);
+}
+
 ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
   const FileId id = id_of(key, length);
   {

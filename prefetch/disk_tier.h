@@ -152,6 +152,10 @@ class DiskTier {
   // problem.
   ObjectBuffer get(const DiskTierKey& key, uint64_t length);
 
+  // Whether the index has the object (an index lookup: no disk access, nothing counted). A later
+  // get() may still miss: the file can be evicted, or found damaged, meanwhile.
+  bool holds(const DiskTierKey& key, uint64_t length) const;
+
   // Queues the object to be written behind the caller; when the queue is full, defers it (a weak
   // reference: written later only if the object is still in memory then). Returns false
   // (changing nothing) when it is already on disk or queued, or larger than the tier. Never

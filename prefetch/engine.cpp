@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -100,6 +101,9 @@ PrefetchEngine::PrefetchEngine(ObjectCache& cache, ObjectFetcher& fetcher,
                          cache.capacity_bytes() / 2 / mean_file_bytes(datasets, all_of(datasets)),
                          std::max<size_t>(options.connections, 1) * 2, 8192)) {
   options_.connections = std::max<size_t>(options_.connections, 1);
+  if (fetcher_.disk_tier() != nullptr && options_.mode != PrefetchMode::kOff) {
+    disk_stagers_ = std::max<size_t>(options_.disk_stagers, 1);
+  }
   // The prefetcher may fill the cache but for a tenth kept for reads it did not foresee.
   model_->set_lookahead(static_cast<size_t>(cache.capacity_bytes() * 9 / 10 /
                                             mean_file_bytes(datasets, all_of(datasets))));
@@ -123,6 +127,12 @@ PrefetchEngine::~PrefetchEngine() {
 void PrefetchEngine::start() {
   if (options_.mode == PrefetchMode::kOff || !workers_.empty()) return;
   stopping_ = false;
+  for (size_t i = 0; i < disk_stagers_; ++i) {
+    stagers_.emplace_back([this, i] {
+      name_this_thread("stage-" + std::to_string(i));
+      stage_loop();
+    });
+  }
   for (size_t i = 0; i < options_.connections; ++i) {
     workers_.emplace_back([this, i] {
       name_this_thread("fetch-" + std::to_string(i));
@@ -139,13 +149,21 @@ void PrefetchEngine::stop() {
     for (store::GetRouter* r : routers_) r->interrupt();
   }
   work_.notify_all();
+  staging_work_.notify_all();
   for (std::thread& t : workers_) t.join();
   workers_.clear();
-  // Fetches held for a full node were never sent: readers that joined them fetch for themselves.
+  for (std::thread& t : stagers_) t.join();
+  stagers_.clear();
+  // Fetches held for a full node, or queued for the disk, were never sent or read: readers that
+  // joined them fetch for themselves.
   std::vector<Fetch> held;
   {
     std::lock_guard lock(mutex_);
     held = windows_.drain();
+    for (std::deque<Fetch>* queue : {&staging_, &redirected_}) {
+      std::move(queue->begin(), queue->end(), std::back_inserter(held));
+      queue->clear();
+    }
   }
   for (const Fetch& f : held) abandon(f, "the mount is stopping");
 }
@@ -197,6 +215,9 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
   std::vector<std::pair<size_t, Fetch>> released;
   windows_.take_released(room, released);
   for (auto& [node, f] : released) out.push_back(std::move(f));
+  // Staged fetches the disk tier no longer had: already counted in their node's window.
+  for (Fetch& f : redirected_) out.push_back(std::move(f));
+  redirected_.clear();
   const Clock::time_point now = Clock::now();
   if (!active_locked(now)) {
     if (was_active_) windows_.on_idle();  // after a pause, ramp up again
@@ -204,9 +225,23 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
     return out;
   }
   was_active_ = true;
+  propose_locked(room, out, ready);
+  // A full batch, and the windows take more: another worker takes the next one now rather than
+  // at its next reply or wake-up.
+  if (out.size() == room && idle_workers_ > 0 && windows_.propose_more() &&
+      windows_.inflight() < windows_.limit()) {
+    work_.notify_one();
+  }
+  return out;
+}
+
+bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
+                                    std::vector<ReadySource>& ready) {
   const PlansPredictor& plans = model_->plan();
   windows_.set_plan_leads(model_->leader() == "plan" && plans.entries() > plans.position());
-  while (out.size() < room && windows_.propose_more()) {
+  const size_t staging_before = staging_.size();
+  bool for_redis_waits = false;
+  while (true) {
     if (!held_) {
       if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;
       held_ = model_->propose();
@@ -219,6 +254,14 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
     if (catalog.entry(entry).size > max_prefetch_file_bytes_ || (verify_ && chunks > 1)) {
       held_.reset();  // left to the reader
       continue;
+    }
+    // A file the disk tier holds is staged from it by the stagers, under their own bound (a
+    // local read; no window of Redis's); the others go to Redis under their node's window.
+    const bool from_disk = disk_stagers_ > 0 && fetcher_.on_disk(d, entry, 0);
+    if (from_disk ? staging_.size() + staging_busy_ >= staging_limit()
+                  : out.size() >= room || !windows_.propose_more()) {
+      for_redis_waits = !from_disk;
+      break;  // keep held_ for when there is room
     }
     // All of a file's chunks, or none: half a file ahead saves nothing.
     std::vector<Fetch> file_fetches;
@@ -266,19 +309,21 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
     for (Fetch& f : file_fetches) {
       ++inflight_objects_;
       inflight_bytes_ += f.length;
+      if (from_disk) {
+        staging_.push_back(std::move(f));
+        continue;
+      }
       // A node whose window is full keeps it until a reply of its own frees room; the others go on.
       if (windows_.offer(f.node, f) == NodeWindows<Fetch>::Admit::kSend)
         out.push_back(std::move(f));
     }
   }
   inflight_peak_ = std::max(inflight_peak_, inflight_objects_);
-  // A full batch, and the windows take more: another worker takes the next one now rather than
-  // at its next reply or wake-up.
-  if (out.size() == room && idle_workers_ > 0 && windows_.propose_more() &&
-      windows_.inflight() < windows_.limit()) {
-    work_.notify_one();
+  if (staging_.size() > staging_before) {
+    staging_peak_ = std::max<uint64_t>(staging_peak_, staging_.size() + staging_busy_);
+    staging_work_.notify_all();
   }
-  return out;
+  return for_redis_waits;
 }
 
 std::pair<size_t, size_t> PrefetchEngine::route_of(const std::string& redis_key) const {
@@ -296,17 +341,52 @@ void PrefetchEngine::finish(Fetch& fetch, store::ValueReply reply) {
   complete(fetch, std::make_shared<const ObjectData>(std::move(reply)), /*from_redis=*/true);
 }
 
-bool PrefetchEngine::take_from_disk(Fetch& fetch) {
-  ObjectBuffer buffer =
-      fetcher_.read_from_disk(*datasets_.get(fetch.dataset), fetch.entry, fetch.key.chunk);
-  if (!buffer) return false;
-  disk_reads_.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(mutex_);
-    windows_.on_ended(fetch.node);  // its node's window was never used
+void PrefetchEngine::stage_loop() {
+  while (true) {
+    std::optional<Fetch> fetch;
+    {
+      std::unique_lock lock(mutex_);
+      staging_work_.wait(lock, [&] { return stopping_ || !staging_.empty(); });
+      if (stopping_) return;  // stop() abandons what is queued
+      fetch = std::move(staging_.front());
+      staging_.pop_front();
+      ++staging_busy_;
+    }
+    ObjectBuffer buffer =
+        fetcher_.read_from_disk(*datasets_.get(fetch->dataset), fetch->entry, fetch->key.chunk);
+    const bool staged = buffer != nullptr;
+    if (staged) {
+      disk_reads_.fetch_add(1, std::memory_order_relaxed);
+      complete(*fetch, std::move(buffer), /*from_redis=*/false);
+    }
+    bool wake = false;
+    std::vector<ReadySource> ready;
+    {
+      std::lock_guard lock(mutex_);
+      --staging_busy_;
+      if (!staged) {
+        // Evicted or dropped as damaged since it was proposed: Redis has it. Offered whether or
+        // not its node's queue is full (its cache room is already reserved, which bounds it).
+        if (windows_.offer(fetch->node, *fetch) == NodeWindows<Fetch>::Admit::kSend) {
+          redirected_.push_back(std::move(*fetch));
+        }
+        wake = true;
+      }
+      // Half their queue drained: the stagers propose more themselves, what the tier holds
+      // (waking a worker for each batch lagged behind the readers on a busy machine). A file for
+      // Redis stops them: a worker sends it.
+      if (!stopping_ && staging_.size() + staging_busy_ <= staging_limit() / 2 &&
+          active_locked(Clock::now())) {
+        std::vector<Fetch> none;  // room 0: nothing for Redis is taken here
+        if (propose_locked(0, none, ready)) wake = true;
+      }
+      wake = wake && idle_workers_ > 0;
+    }
+    if (wake) work_.notify_one();
+    for (ReadySource& r : ready) {
+      source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
+    }
   }
-  complete(fetch, std::move(buffer), /*from_redis=*/false);
-  return true;
 }
 
 void PrefetchEngine::complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis) {
@@ -384,18 +464,6 @@ void PrefetchEngine::fetch_loop(size_t worker) {
       std::vector<Fetch> batch = next_fetches(outstanding.size(), ready);
       for (ReadySource& r : ready) {
         source_listener_(*datasets_.get(r.dataset), r.entry, r.rank, std::move(r.buffer));
-      }
-      if (fetcher_.disk_tier() != nullptr) {
-        // What the disk tier holds is staged from it into RAM here, on this worker (a local
-        // read, no round trip); only the rest goes to Redis.
-        std::vector<Fetch> from_redis;
-        for (Fetch& f : batch) {
-          if (!take_from_disk(f)) from_redis.push_back(std::move(f));
-        }
-        const bool staged = from_redis.size() < batch.size();
-        batch = std::move(from_redis);
-        // Staged alone: room freed at once, so ask for more now rather than idle below.
-        if (staged && batch.empty() && outstanding.empty()) continue;
       }
       if (!batch.empty()) {
         ensure_router();
@@ -516,6 +584,9 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.connections = options_.mode == PrefetchMode::kOff ? 0 : options_.connections;
   s.gets = gets_.load(std::memory_order_relaxed);
   s.disk_reads = disk_reads_.load(std::memory_order_relaxed);
+  s.disk_stagers = disk_stagers_;
+  s.staging = staging_.size() + staging_busy_;
+  s.staging_peak = staging_peak_;
   s.failures = failures_.load(std::memory_order_relaxed);
   s.plan_entries = model_->plan().entries();
   s.plan_position = model_->plan().position();

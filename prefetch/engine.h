@@ -2,13 +2,15 @@
 // The prefetch engine: learns the access order from every read, predicts what comes next
 // (predictors.h) and fetches it ahead into the object cache over several Redis connections,
 // each a sliding window of pipelined GETs, storing replies as they arrive; each Redis node has
-// its own in-flight window (node_windows.h). Readers find the
-// objects ready, or join the fetch in flight; a miss is fetched by the reader itself at once
-// (object_fetcher.h), ahead of everything queued here.
+// its own in-flight window (node_windows.h). With a disk tier, what it holds is staged from it
+// instead, by threads of their own under a bound of their own (no round trip to cover). Readers
+// find the objects ready, or join the fetch in flight; a miss is fetched by the reader itself at
+// once (object_fetcher.h), ahead of everything queued here.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -44,6 +46,9 @@ PrefetchMode parse_prefetch_mode(std::string_view text);
 struct EngineOptions {
   PrefetchMode mode = PrefetchMode::kAuto;
   size_t connections = 8;
+  // With a disk tier: threads that read what it holds into the cache ahead of the readers, one
+  // object each at a time (the depth of the disk's queue), apart from the Redis connections.
+  size_t disk_stagers = 16;
   // Most GETs in flight at once; 0: derived from the cache (room for half of it in flight).
   size_t max_inflight = 0;
   // Prefetching pauses when no file has been read for this long.
@@ -87,6 +92,9 @@ struct EngineStats {
   size_t connections = 0;
   uint64_t gets = 0;
   uint64_t disk_reads = 0;     // prefetches staged from the disk tier, not Redis
+  size_t disk_stagers = 0;     // threads staging from the disk tier (0: no tier, or off)
+  uint64_t staging = 0;        // fetches queued for them or being read
+  uint64_t staging_peak = 0;   // the most at once since the mount
   uint64_t failures = 0;       // prefetches given up (Redis errors, bad data)
   uint64_t plan_entries = 0;   // every writer's plan together
   uint64_t plan_position = 0;  // entries read, every writer's plan together
@@ -171,6 +179,11 @@ class PrefetchEngine {
   // has room for. Empty: nothing now. Proposed files already cached are added to `ready` (when
   // a source listener is set). Wakes another worker when the windows have room for more.
   std::vector<Fetch> next_fetches(size_t outstanding, std::vector<ReadySource>& ready);
+  // Proposes files while there is room: those the disk tier holds into staging_ (up to
+  // staging_limit()), the others into `out` (at most about `room`, under their node's window).
+  // Stops at the first file that finds no room, keeping it for later (held_); true when that
+  // file goes to Redis (a worker must take it). mutex_ held.
+  bool propose_locked(size_t room, std::vector<Fetch>& out, std::vector<ReadySource>& ready);
   // The most fetches one worker takes at once. Replies on one connection come back in the order
   // sent, and the connections share the path: a worker that took the next thousand planned files
   // would have the readers' next file wait behind them while every other connection's replies
@@ -180,8 +193,11 @@ class PrefetchEngine {
   void finish(Fetch& fetch, store::ValueReply reply);
   // The node a fetch of `redis_key` goes to: Fetch::route and Fetch::node.
   std::pair<size_t, size_t> route_of(const std::string& redis_key) const;
-  // Completes `fetch` from the disk tier when it holds the object; false when it does not.
-  bool take_from_disk(Fetch& fetch);
+  // A disk stager: reads queued fetches from the disk tier into the cache; one the tier no
+  // longer has (evicted, damaged) goes to Redis instead (redirected_, or held by its window).
+  void stage_loop();
+  // Fetches queued for the stagers or being read, at most: enough to keep each busy.
+  size_t staging_limit() const { return disk_stagers_ * 2; }
   // Checks (with --verify), caches and hands on a fetched object; from_redis: also write it
   // behind to the disk tier.
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
@@ -197,9 +213,11 @@ class PrefetchEngine {
   const bool verify_;
   EngineOptions options_;
   uint64_t max_prefetch_file_bytes_;
+  size_t disk_stagers_ = 0;  // threads start() starts: 0 without a disk tier or prefetching
 
   // Guards everything below up to the atomics (the model, in-flight accounting, the plan, the
-  // held proposal); work_ waits on it. Listeners are called outside it.
+  // held proposal); work_ waits on it. Listeners are called outside it. Proposing asks the disk
+  // tier's index under it: the tier's lock nests inside this one, never the reverse.
   mutable std::mutex mutex_;
   std::condition_variable work_;
   std::unique_ptr<PredictionModel> model_;  // replaced whole by reshape()
@@ -212,7 +230,12 @@ class PrefetchEngine {
   std::chrono::steady_clock::time_point last_access_{};
   std::chrono::steady_clock::time_point plan_written_{};
   bool was_active_ = false;
-  size_t idle_workers_ = 0;  // workers waiting for work with nothing in flight
+  std::deque<Fetch> staging_;     // for the disk stagers, in the order proposed
+  size_t staging_busy_ = 0;       // taken by a stager, not finished
+  uint64_t staging_peak_ = 0;     // of staging_ and staging_busy_ together
+  std::deque<Fetch> redirected_;  // staged, not on disk after all: counted in a window, to send
+  std::condition_variable staging_work_;  // stagers wait on it for staging_ or stop
+  size_t idle_workers_ = 0;               // workers waiting for work with nothing in flight
   std::chrono::steady_clock::time_point last_wakeup_{};
   SourceReadyListener source_listener_;
 
@@ -222,6 +245,7 @@ class PrefetchEngine {
   std::atomic<bool> stopping_{false};
   std::vector<store::GetRouter*> routers_;  // the workers' own, for stop() to interrupt
   std::vector<std::thread> workers_;
+  std::vector<std::thread> stagers_;
 };
 
 }  // namespace dsfs::prefetch

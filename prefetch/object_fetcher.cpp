@@ -54,6 +54,12 @@ void ObjectFetcher::offer_to_disk(const DatasetSnapshot& dataset, uint32_t entry
   }
 }
 
+bool ObjectFetcher::on_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const {
+  return options_.disk_tier != nullptr &&
+         options_.disk_tier->holds(disk_key(dataset, entry, chunk),
+                                   chunk_length(*dataset.catalog, entry, chunk));
+}
+
 ObjectBuffer ObjectFetcher::read_from_disk(const DatasetSnapshot& dataset, uint32_t entry,
                                            uint32_t chunk) const {
   if (options_.disk_tier == nullptr) return nullptr;

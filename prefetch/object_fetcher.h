@@ -103,6 +103,9 @@ class ObjectFetcher {
   // Chunk `chunk` of file `entry` from the disk tier (checked there), or null: no tier, not on
   // disk, or dropped as damaged. Reads the disk on the calling thread.
   ObjectBuffer read_from_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
+  // Whether the disk tier's index has chunk `chunk` of file `entry` (no disk access; false
+  // without a tier). read_from_disk() may still miss.
+  bool on_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
 
   const FetcherStats& stats() const { return stats_; }
   bool redis_down() const { return redis_down_.load(std::memory_order_relaxed); }

@@ -173,10 +173,10 @@ class DiskTierTest(DsfsTestCase):
 
     def test_planned_epochs_are_prefetched_from_disk_after_the_first(self):
         """With prefetching on (the default) and each epoch's order in .dsfs/plan, the engine's
-        fetches of epoch 1 are written to the tier too, and from epoch 2 it stages the coming
-        files from disk into RAM instead of asking Redis."""
+        fetches of epoch 1 are written to the tier too, and from epoch 2 its disk readers stage
+        the coming files from disk into RAM instead of asking Redis."""
         mnt = self.mount("--cache-size", "1MiB", "--disk-cache", self.tier, "--disk-cache-size",
-                         "64MiB")
+                         "64MiB", "--disk-cache-readers", "3")
         names = sorted(self.files)
 
         def planned_epoch(seed):
@@ -204,6 +204,21 @@ class DiskTierTest(DsfsTestCase):
         staged = stats["prefetch"]["disk_reads"] - staged_before
         self.assertGreater(staged, 0, stats["prefetch"])
         self.assertEqual(stats["disk_tier"]["checksum_failures"], 0)
+        staging = stats["prefetch"]["disk_staging"]
+        self.assertEqual(staging["threads"], 3)
+        self.assertGreater(staging["peak"], 0)
+        self.assertLessEqual(staging["peak"], 6)  # twice the readers: queued or being read
+        wait_for(lambda: self.stats(mnt)["prefetch"]["disk_staging"]["objects"] == 0, 30,
+                 "the disk readers to finish")
+
+    def test_disk_cache_readers_are_checked(self):
+        for args, message in ((["--disk-cache-readers", "4"], "--disk-cache"),
+                              (["--disk-cache", self.tier, "--disk-cache-size", "64MiB",
+                                "--disk-cache-readers", "0"], "--disk-cache-readers")):
+            res = self.dsfs("mount", os.path.join(self.tmp, "never"), *args, check=False)
+            self.assertNotEqual(res.returncode, 0, args)
+            self.assertIn(message, res.stderr, args)
+        self.assertFalse(os.path.exists(os.path.join(self.tier, "objects")))
 
     @unittest.skipUnless(os.geteuid() == 0, "mounting a tmpfs needs root")
     def test_a_full_disk_fails_writes_not_reads(self):

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "prefetch/disk_tier.h"
 #include "prefetch/engine.h"
 #include "prefetch/file_reader.h"
 #include "prefetch/object_cache.h"
@@ -83,14 +84,19 @@ class PrefetchEngineTest : public ::testing::Test {
   void make_engine(uint64_t cache_bytes, PrefetchMode mode,
                    const std::function<void(PrefetchEngine&)>& before_start = {},
                    std::chrono::milliseconds idle_pause = 2000ms) {
+    make_engine(cache_bytes,
+                EngineOptions{.mode = mode, .connections = 3, .idle_pause = idle_pause},
+                before_start);
+  }
+  void make_engine(uint64_t cache_bytes, EngineOptions options,
+                   const std::function<void(PrefetchEngine&)>& before_start = {}) {
     engine_.reset();
     reader_.reset();
     cache_ = std::make_unique<ObjectCache>(cache_bytes);
-    reader_ = std::make_unique<FileReader>(*cache_, fetcher_, false);
+    reader_ = std::make_unique<FileReader>(*cache_, *engine_fetcher_, false);
     if (!table_) table_ = std::make_unique<DatasetTable>(datasets_);
-    engine_ = std::make_unique<PrefetchEngine>(
-        *cache_, fetcher_, *table_, client_, false,
-        EngineOptions{.mode = mode, .connections = 3, .idle_pause = idle_pause});
+    engine_ = std::make_unique<PrefetchEngine>(*cache_, *engine_fetcher_, *table_, client_, false,
+                                               options);
     reader_->set_engine(engine_.get());
     if (before_start) before_start(*engine_);
     engine_->start();
@@ -129,6 +135,7 @@ class PrefetchEngineTest : public ::testing::Test {
       {redis_.endpoint()},
       store::ClientOptions{.connect = {.connect_timeout = 500ms}, .connections_per_node = 4}};
   ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
+  ObjectFetcher* engine_fetcher_ = &fetcher_;  // the engine's and the reader's
   std::unique_ptr<ObjectCache> cache_;
   std::unique_ptr<FileReader> reader_;
   std::unique_ptr<PrefetchEngine> engine_;
@@ -281,6 +288,87 @@ TEST_F(PrefetchEngineTest, APlanIsExtendedInOrderAndReplacedByANewOne) {
   EXPECT_EQ(engine_->stats().plan_entries, 1u);
   engine_->plan_clear(kWriter);
   EXPECT_EQ(engine_->stats().plan_entries, 0u);
+}
+
+// The engine over a disk tier that holds every file (written by the fixture, then checked).
+class PrefetchEngineDiskTierTest : public PrefetchEngineTest {
+ protected:
+  PrefetchEngineDiskTierTest() {
+    tier_.start();
+    for (uint32_t i = 0; i < kFiles; ++i) {
+      disk_fetcher_.offer_to_disk(datasets_[0], entry_of_file(i), 0,
+                                  std::make_shared<const ObjectData>(file_bytes(i)));
+    }
+    tier_.flush();
+    engine_fetcher_ = &disk_fetcher_;
+  }
+  ~PrefetchEngineDiskTierTest() override {
+    engine_.reset();
+    reader_.reset();
+  }
+  std::filesystem::path file_on_disk(uint32_t i) const {
+    return tier_.path_of(
+        DiskTierKey{.dataset = kName, .generation = kGeneration, .object_id = i + 1, .chunk = 0},
+        file_size(i));
+  }
+  // A Redis window of 2 (one connection), 4 disk stagers.
+  static EngineOptions narrow_window() {
+    return EngineOptions{
+        .mode = PrefetchMode::kPlan, .connections = 1, .disk_stagers = 4, .max_inflight = 2};
+  }
+
+  test::TempDir dir_{"dsfs-engine-tier"};
+  DiskTier tier_{DiskTierOptions{.dir = dir_.path() / "tier", .capacity_bytes = 64 << 20}};
+  ObjectFetcher disk_fetcher_{client_, catalog::KeySchema("dsfs"),
+                              FetcherOptions{.timeout = 5s, .disk_tier = &tier_}};
+};
+
+// Disk reads are staged by threads of their own, as many at once as there are stagers (and as
+// many again queued), not within Redis's window: they once went through it, one per connection.
+TEST_F(PrefetchEngineDiskTierTest, FilesOnDiskAreStagedAheadUnderTheirOwnBound) {
+  ASSERT_EQ(tier_.stats().entries, kFiles);
+  make_engine(64 << 20, narrow_window());
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  plan(order);
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
+  const EngineStats stats = engine_->stats();
+  EXPECT_EQ(stats.disk_stagers, 4u);
+  EXPECT_EQ(stats.disk_reads, kFiles);
+  EXPECT_EQ(stats.gets, 0u);
+  EXPECT_EQ(disk_fetcher_.stats().gets, 0u);
+  EXPECT_GT(stats.staging_peak, 2u) << "bounded by the Redis window";
+  EXPECT_LE(stats.staging_peak, 8u) << "past the stagers' own bound";
+  EXPECT_TRUE(eventually([&] { return engine_->stats().staging == 0; }));
+  for (const uint32_t i : order) read_and_check(i);
+  EXPECT_EQ(reader_->stats().ready, kFiles);
+}
+
+// A file the index holds but whose bytes no longer check out (here every one: a byte flipped
+// after it was written) is dropped by the stager, which hands the fetch to Redis, through the
+// window (sent at once, or held for room): every file still arrives ahead, right.
+TEST_F(PrefetchEngineDiskTierTest, FilesTheTierDropsWhenStagedAreFetchedFromRedis) {
+  for (uint32_t i = 0; i < kFiles; ++i) {
+    std::string bytes = test::read_file(file_on_disk(i));
+    bytes.back() = static_cast<char>(bytes.back() ^ 0x20);
+    test::write_file(file_on_disk(i), bytes);
+  }
+  make_engine(64 << 20, narrow_window());
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(8));
+  plan(order);
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
+  const EngineStats stats = engine_->stats();
+  EXPECT_EQ(stats.disk_reads, 0u);
+  EXPECT_EQ(stats.gets, kFiles);
+  EXPECT_EQ(stats.failures, 0u);
+  EXPECT_EQ(tier_.stats().checksum_failures, kFiles);
+  const uint64_t gets_before = disk_fetcher_.stats().gets;
+  for (const uint32_t i : order) read_and_check(i);
+  EXPECT_EQ(disk_fetcher_.stats().gets, gets_before);  // every one was ready
+  EXPECT_EQ(reader_->stats().ready, kFiles);
 }
 
 TEST(InflightControl, SlowStartGrowsToTheBoundAndRestartsAfterIdle) {
