@@ -3,9 +3,12 @@
 the dataset, without and with `dsfs mount --disk-cache DIR --disk-cache-size SIZE` (a tier
 sized to hold the whole dataset), at 0 and 100 ms from Redis.
 
-    bench/disk_tier.py [--build build] [--runs 1] [--files 2000] [--rtts 0,100] [--epochs 3]
-                       [--epoch-seconds 40] [--readers c,python,plan] [--disk-dir /tmp] [--no-remount]
-                       [--name disk_tier] [--quick]
+    bench/disk_tier.py [--build build | --builds A,B [--labels a,b]] [--runs 1] [--files 2000]
+                       [--rtts 0,100] [--epochs 3] [--epoch-seconds 40] [--readers c,python,plan]
+                       [--disk-dir /tmp] [--no-remount] [--name disk_tier] [--quick]
+
+With --builds every case runs with each build in turn (same data, same server, same reader
+binary: the first build's), so two builds of the daemon compare side by side in one run.
 
 Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a private
 redis-server (unix socket, no persistence) and frees the tmpfs copy. 0 ms = the server's socket;
@@ -105,15 +108,15 @@ def remount_summary(results):
     out = []
     keys = []
     for c in results["cases"]:
-        k = (c["rtt_ms"], c["mode"], c["reader"])
+        k = (c["rtt_ms"], c["mode"], c["reader"], c.get("build"))
         if c.get("remount_epoch") and k not in keys:
             keys.append(k)
-    for rtt, mode, reader in keys:
-        cs = [c for c in results["cases"] if (c["rtt_ms"], c["mode"], c["reader"]) ==
-              (rtt, mode, reader) and c.get("remount_epoch")]
+    for rtt, mode, reader, build in keys:
+        cs = [c for c in results["cases"] if (c["rtt_ms"], c["mode"], c["reader"], c.get("build"))
+              == (rtt, mode, reader, build) and c.get("remount_epoch")]
         rs = [c["remount_epoch"] for c in cs]
         out.append({
-            "rtt_ms": rtt, "mode": mode, "reader": reader, "runs": len(cs),
+            "build": build, "rtt_ms": rtt, "mode": mode, "reader": reader, "runs": len(cs),
             "steady_files_per_s": median([c["steady_files_per_s"] for c in cs
                                           if c["steady_files_per_s"]]),
             "remount_files_per_s": median([r["files_per_s"] for r in rs]),
@@ -144,9 +147,15 @@ def server_gets(sock):
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.dsfs = os.path.abspath(os.path.join(args.build, "dsfs"))
-        if not os.access(self.dsfs, os.X_OK):
-            sys.exit(f"bench: {self.dsfs} is missing; build first (scripts/build {args.build})")
+        # Every build runs each case in turn, on the same data and server (--builds); the first
+        # one's dsfs synthesizes, ingests and reads (`dsfs bench`), so only the daemon differs.
+        self.builds = []
+        for label, build in zip(args.labels, args.builds):
+            dsfs = os.path.abspath(os.path.join(build, "dsfs"))
+            if not os.access(dsfs, os.X_OK):
+                sys.exit(f"bench: {dsfs} is missing; build first (scripts/build {build})")
+            self.builds.append((label, dsfs))
+        self.dsfs = self.builds[0][1]
         self.workdir = tempfile.mkdtemp(prefix="dsfs-disktier-")
         self.env = private_env(self.workdir)
         self.mnt = os.path.join(self.workdir, "mnt")
@@ -154,7 +163,9 @@ class Bench:
         self.redis = self.proxy = self.created_data = self.tier_dir = None
         self.done_tiers = []  # removed at the end (see the module's doc)
         self.results = {"machine": machine_info(), "config": vars(args).copy(),
-                        "source": build_source(args.build),
+                        "source": build_source(args.builds[0]),
+                        "sources": {label: build_source(build)
+                                    for label, build in zip(args.labels, args.builds)},
                         "load_average": {"start": load_average()}, "cases": [],
                         "disk_dir": {"path": args.disk_dir, "filesystem": fs_type(args.disk_dir),
                                      "device": run(["df", "--output=source", args.disk_dir],
@@ -276,10 +287,11 @@ class Bench:
                 "daemon_cpu_us_per_file": 1e6 * (usage["cpu_s"] - cpu0) / max(epoch["files"], 1),
                 "daemon_hwm_bytes": usage.get("hwm_bytes")}
 
-    def case(self, rtt, url, mode, reader, seed):
+    def case(self, rtt, url, mode, reader, seed, build):
         a = self.args
         cache = max(1 << 20, int(self.dataset["bytes"] * CACHE_FRACTION))
-        args = [self.dsfs, "mount", self.mnt, "--redis", url, "--dataset", "bench",
+        label, dsfs = build
+        args = [dsfs, "mount", self.mnt, "--redis", url, "--dataset", "bench",
                 "--prefetch", "auto", "--cache-size", cache, "--timeout", "120s"]
         tier_size = None
         if mode == "disk":
@@ -317,7 +329,7 @@ class Bench:
             else:
                 tier_du = None
         files = sum(e["files"] for e in epochs)
-        out = {"rtt_ms": rtt, "mode": mode, "reader": reader, "cache_bytes": cache,
+        out = {"build": label, "rtt_ms": rtt, "mode": mode, "reader": reader, "cache_bytes": cache,
                "disk_cache_bytes": tier_size, "tier_dir_bytes_after": tier_du,
                "epochs": epochs, "counters_at_mount": at_mount, "counters_at_end": at_end,
                "server_gets_all_epochs": case_server_gets,
@@ -343,28 +355,29 @@ class Bench:
             url = self.proxy.url
         else:
             url = self.redis.url
-        for mode in a.modes:
-            for reader in a.readers:
-                c = self.case(rtt, url, mode, reader, 1000)
-                c["run"] = run_no
-                self.results["cases"].append(c)
-                log(f"run {run_no + 1}, rtt {rtt} ms, {mode}, {reader}: epochs " + ", ".join(
-                    f"{e['files_per_s']:.0f}{'' if e['complete'] else ' (cut)'} files/s "
-                    f"[gets {e['gets']}+{e['prefetch_gets']} (server {e.get('server_gets')}), "
-                    f"tier hits {e['tier_hits']}, disk_reads {e['disk_reads']}]"
-                    for e in c["epochs"]))
-                r = c.get("remount_epoch")
-                if r:
-                    ratio = (f"{c['remount_ratio']:.2f}x steady {c['steady_files_per_s']:.0f}"
-                             if c["remount_ratio"] else "no steady epoch")
-                    log(f"  remount: {r['files_per_s']:.0f}{'' if r['complete'] else ' (cut)'} "
-                        f"files/s = {ratio} [gets {r['gets']}+{r['prefetch_gets']} "
-                        f"(server {r['server_gets']}), tier hits {r['tier_hits']}, "
-                        f"disk_reads {r['disk_reads']}, index_loaded {r['index_loaded']}, "
-                        f"open {r['open_seconds']:.3f} s, mount {r['mount_seconds']:.2f} s, "
-                        f"entries {r['tier_entries_at_mount']}]")
-                self.results["remount_summary"] = remount_summary(self.results)
-                self.save()
+        for mode, reader, build in [(m, r, b) for m in a.modes for r in a.readers
+                                    for b in self.builds]:
+            c = self.case(rtt, url, mode, reader, 1000, build)
+            c["run"] = run_no
+            self.results["cases"].append(c)
+            named = f"{build[0]}, " if len(self.builds) > 1 else ""
+            log(f"run {run_no + 1}, {named}rtt {rtt} ms, {mode}, {reader}: epochs " + ", ".join(
+                f"{e['files_per_s']:.0f}{'' if e['complete'] else ' (cut)'} files/s "
+                f"[gets {e['gets']}+{e['prefetch_gets']} (server {e.get('server_gets')}), "
+                f"tier hits {e['tier_hits']}, disk_reads {e['disk_reads']}]"
+                for e in c["epochs"]))
+            r = c.get("remount_epoch")
+            if r:
+                ratio = (f"{c['remount_ratio']:.2f}x steady {c['steady_files_per_s']:.0f}"
+                         if c["remount_ratio"] else "no steady epoch")
+                log(f"  remount: {r['files_per_s']:.0f}{'' if r['complete'] else ' (cut)'} "
+                    f"files/s = {ratio} [gets {r['gets']}+{r['prefetch_gets']} "
+                    f"(server {r['server_gets']}), tier hits {r['tier_hits']}, "
+                    f"disk_reads {r['disk_reads']}, index_loaded {r['index_loaded']}, "
+                    f"open {r['open_seconds']:.3f} s, mount {r['mount_seconds']:.2f} s, "
+                    f"entries {r['tier_entries_at_mount']}]")
+            self.results["remount_summary"] = remount_summary(self.results)
+            self.save()
         if self.proxy:
             self.proxy.close()
             self.proxy = None
@@ -389,7 +402,9 @@ def plot(results, path):
     readers = cfg["readers"]
     fig, axes = plt.subplots(1, len(readers), figsize=(5.5 * len(readers), 3.8), sharey=True,
                              squeeze=False)
-    groups = [(rtt, mode) for rtt in cfg["rtts"] for mode in cfg["modes"]]
+    labels_of_builds = cfg.get("labels") or [None]
+    groups = [(rtt, mode, b) for rtt in cfg["rtts"] for mode in cfg["modes"]
+              for b in labels_of_builds]
     n = cfg["epochs"]
     has_remount = any(c.get("remount_epoch") for c in results["cases"])
     bars_per_group = n + (1 if has_remount else 0)
@@ -399,9 +414,9 @@ def plot(results, path):
         for e in range(bars_per_group):
             remount = e == n
             xs, ys, labels = [], [], []
-            for g, (rtt, mode) in enumerate(groups):
+            for g, (rtt, mode, b) in enumerate(groups):
                 cs = [c for c in results["cases"] if c["rtt_ms"] == rtt and c["mode"] == mode
-                      and c["reader"] == reader
+                      and c["reader"] == reader and c.get("build") == b
                       and (c.get("remount_epoch") if remount else len(c["epochs"]) > e)]
                 if remount and not cs:
                     continue
@@ -424,7 +439,9 @@ def plot(results, path):
                              if remount else {}))
             ax.bar_label(bars, labels, fontsize=6)
         ax.set_xticks(range(len(groups)),
-                      [f"{rtt} ms\n{MODE_LABELS[mode]}" for rtt, mode in groups], fontsize=7)
+                      [f"{rtt} ms\n{MODE_LABELS[mode]}" + (f"\n{b}" if len(labels_of_builds) > 1
+                                                          else "")
+                       for rtt, mode, b in groups], fontsize=7)
         ax.set_yscale("log")
         ax.set_ylim(bottom=50)
         ax.set_title(f"{reader} reader, cache 25%, prefetch auto, median of "
@@ -443,6 +460,11 @@ def main():
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 200 files, RTT 0 only, 2 epochs cut after 10 s")
     p.add_argument("--build", default="build", help="build directory (build)")
+    p.add_argument("--builds", default=None,
+                   help="several build directories, comma-separated: each case runs with each in "
+                        "turn on the same data and server (side by side; replaces --build)")
+    p.add_argument("--labels", default=None,
+                   help="names of the --builds in the results (default: the directories' names)")
     p.add_argument("--files", type=int, default=None, help="dataset size (2,000; --quick 200)")
     p.add_argument("--rtts", default=None, help="RTTs in ms (0,100; --quick 0)")
     p.add_argument("--runs", type=int, default=1, help="runs of every case (1); the plot shows "
@@ -474,6 +496,11 @@ def main():
         return
     if os.geteuid() != 0:
         sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    args.builds = (args.builds or args.build).split(",")
+    args.labels = (args.labels.split(",") if args.labels
+                   else [os.path.basename(os.path.normpath(b)) for b in args.builds])
+    if len(args.labels) != len(args.builds) or len(set(args.labels)) != len(args.labels):
+        sys.exit("bench: --labels needs one distinct name per build of --builds")
     q = args.quick
     args.files = args.files or (200 if q else 2000)
     args.rtts = [int(x) for x in (args.rtts or ("0" if q else "0,100")).split(",")]

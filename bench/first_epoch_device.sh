@@ -24,7 +24,8 @@
 #                                 issue 13's bench/disk_tier.py (the local-disk tier; its tiers
 #                                 under --disk-dir, default /tmp, about 2.4 GB per case of 20,000
 #                                 files, kept until the run ends), results to $OUT
-#   bench/first_epoch_device.sh disk_tier_before [...]   the same with the before.tar.xz bundle
+#   bench/first_epoch_device.sh disk_tier_both [...]   the same with both bundles side by side
+#                                 (disk_tier.py --builds; labels after, before)
 #
 # The binaries run through wrappers that set LD_LIBRARY_PATH for them alone, so the machine's own
 # Python is not handed the bundle's libraries.
@@ -119,14 +120,14 @@ if [[ ${1:-} == proxy_threads ]]; then
     --data-dir "$work/data" --results-dir "$out" "$@" 2>&1 | tee -a "$out/proxy_threads.log"
   exit "${PIPESTATUS[0]}"
 fi
-if [[ ${1:-} == disk_tier || ${1:-} == disk_tier_before ]]; then
-  tier_build=$work/build
-  if [[ $1 == disk_tier_before ]]; then
+if [[ ${1:-} == disk_tier || ${1:-} == disk_tier_both ]]; then
+  tier_builds=(--build "$work/build")
+  if [[ $1 == disk_tier_both ]]; then
     [[ -d $work/before/build ]] || { echo "first_epoch_device.sh: no before.tar.xz" >&2; exit 1; }
-    tier_build=$work/before/build
+    tier_builds=(--builds "$builds" --labels "$labels")
   fi
   shift
-  PYTHONUNBUFFERED=1 python3 "$repo/bench/disk_tier.py" --build "$tier_build" \
+  PYTHONUNBUFFERED=1 python3 "$repo/bench/disk_tier.py" "${tier_builds[@]}" \
     --data-dir "$work/data" --results-dir "$out" "$@" 2>&1 | tee -a "$out/disk_tier_device.log"
   exit "${PIPESTATUS[0]}"
 fi
