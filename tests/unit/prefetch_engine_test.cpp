@@ -371,6 +371,24 @@ TEST_F(PrefetchEngineDiskTierTest, FilesTheTierDropsWhenStagedAreFetchedFromRedi
   EXPECT_EQ(reader_->stats().ready, kFiles);
 }
 
+// Stopping while files wait for the stagers gives them up: nothing stays reserved in the cache,
+// and reads after it load the files themselves.
+TEST_F(PrefetchEngineDiskTierTest, StoppingWithFilesQueuedForTheStagersReservesNothing) {
+  for (int round = 0; round < 5; ++round) {
+    make_engine(64 << 20, narrow_window());
+    std::vector<uint32_t> order(kFiles);
+    for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(round));
+    plan(order);
+    ASSERT_TRUE(eventually([&] { return engine_->stats().staging_peak > 0; }));
+    engine_->stop();
+    const CacheStats c = cache_->stats();
+    EXPECT_EQ(c.reserved_bytes, 0u);
+    EXPECT_EQ(engine_->stats().staging, 0u);
+    for (uint32_t k = 0; k < 20; ++k) read_and_check(order[k]);
+  }
+}
+
 TEST(InflightControl, SlowStartGrowsToTheBoundAndRestartsAfterIdle) {
   InflightControl control(4, 100);
   const InflightControl::Clock::time_point now{std::chrono::hours(1)};
