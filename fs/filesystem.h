@@ -32,6 +32,10 @@ struct fuse_session;
 namespace dsfs::fs {
 
 inline constexpr uint64_t kDefaultConnections = 8;
+// Threads staging from the disk tier (--disk-cache-readers): the disk's queue depth. Cold reads
+// of a tier rose with threads up to 16, the most measured on this project's VM
+// (docs/benchmarks.md).
+inline constexpr uint64_t kDefaultDiskStagers = 16;
 // Rendered view files kept for readers still reading them (the page cache keeps them after).
 inline constexpr uint64_t kDefaultViewCacheBytes = uint64_t{256} << 20;
 
@@ -62,8 +66,8 @@ struct FilesystemOptions {
   // Memory all view renders in flight share (decoded pixels, working rows, the file).
   uint64_t view_render_memory_bytes = view::kDefaultRenderMemoryBytes;
   prefetch::PrefetchMode prefetch = prefetch::PrefetchMode::kAuto;
-  size_t max_inflight = 0;   // 0: derived from the cache size
-  size_t disk_stagers = 16;  // with disk_tier: threads staging from it (--disk-cache-readers)
+  size_t max_inflight = 0;                    // 0: derived from the cache size
+  size_t disk_stagers = kDefaultDiskStagers;  // with disk_tier: threads staging from it
   // Datasets appearing, going and being refreshed while mounted. No polling by default here;
   // `dsfs mount` polls every --watch-interval.
   WatchOptions watch = no_polling();

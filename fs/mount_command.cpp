@@ -59,7 +59,7 @@ struct MountArgs {
   uint64_t cache_bytes = default_cache_bytes();
   std::string disk_cache;
   uint64_t disk_cache_bytes = 0;
-  unsigned disk_cache_readers = 16;
+  unsigned disk_cache_readers = kDefaultDiskStagers;
   double timeout_s = 30;
   double lease_ttl_s = static_cast<double>(kDefaultLeaseTtl.count()) / 1000.0;
   bool verify = false;
