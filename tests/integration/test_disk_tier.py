@@ -66,6 +66,19 @@ class DiskTierTest(DsfsTestCase):
                 data = f.read()
             self.assertTrue(data == self.files[rel], f"{rel} differs from the source")
 
+    def planned_epoch(self, mnt, seed):
+        """Writes a shuffled order (seed) to MOUNT/.dsfs/plan, then reads every file in it, from
+        the daemon (not the page cache), checking its bytes."""
+        order = sorted(self.files)
+        random.Random(seed).shuffle(order)
+        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
+            f.write("".join(f"dt/{rel}\n" for rel in order))
+        for rel in order:
+            path = os.path.join(mnt, "dt", rel)
+            drop_page_cache(path)
+            with open(path, "rb") as f:
+                self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
+
     def wait_written(self, mnt, count):
         wait_for(lambda: self.stats(mnt)["disk_tier"]["writes"] >= count
                  and self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
@@ -177,25 +190,12 @@ class DiskTierTest(DsfsTestCase):
         the coming files from disk into RAM instead of asking Redis."""
         mnt = self.mount("--cache-size", "1MiB", "--disk-cache", self.tier, "--disk-cache-size",
                          "64MiB", "--disk-cache-readers", "3")
-        names = sorted(self.files)
-
-        def planned_epoch(seed):
-            order = names[:]
-            random.Random(seed).shuffle(order)
-            with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
-                f.write("".join(f"dt/{rel}\n" for rel in order))
-            for rel in order:
-                path = os.path.join(mnt, "dt", rel)
-                drop_page_cache(path)
-                with open(path, "rb") as f:
-                    self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
-
-        planned_epoch(1)
+        self.planned_epoch(mnt, 1)
         self.wait_written(mnt, FILES)
         gets_before = self.redis_gets()
         staged_before = self.stats(mnt)["prefetch"]["disk_reads"]
         for seed in (2, 3):
-            planned_epoch(seed)
+            self.planned_epoch(mnt, seed)
         stats = self.stats(mnt)
         later_gets = self.redis_gets() - gets_before
         self.assertLessEqual(later_gets, 2, f"Redis served {later_gets} GETs after epoch 1")
@@ -217,20 +217,7 @@ class DiskTierTest(DsfsTestCase):
         each read is still right, from Redis; nothing is given up."""
         mnt = self.mount("--cache-size", "1MiB", "--disk-cache", self.tier, "--disk-cache-size",
                          "64MiB", "--disk-cache-readers", "4")
-        names = sorted(self.files)
-
-        def planned_epoch(seed):
-            order = names[:]
-            random.Random(seed).shuffle(order)
-            with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
-                f.write("".join(f"dt/{rel}\n" for rel in order))
-            for rel in order:
-                path = os.path.join(mnt, "dt", rel)
-                drop_page_cache(path)
-                with open(path, "rb") as f:
-                    self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
-
-        planned_epoch(1)
+        self.planned_epoch(mnt, 1)
         self.wait_written(mnt, FILES)
         objects = glob.glob(os.path.join(self.tier, "objects", "*", "*"))
         self.assertEqual(len(objects), FILES)
@@ -241,7 +228,7 @@ class DiskTierTest(DsfsTestCase):
                 f.seek(-1, os.SEEK_END)
                 f.write(bytes([byte[0] ^ 0x01]))
         before = self.stats(mnt)
-        planned_epoch(2)
+        self.planned_epoch(mnt, 2)
         stats = self.stats(mnt)
         # Each found bad where first read from disk (not those still in the memory cache).
         self.assertGreater(stats["disk_tier"]["checksum_failures"], FILES // 2)

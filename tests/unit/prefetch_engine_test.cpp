@@ -311,6 +311,12 @@ class PrefetchEngineDiskTierTest : public PrefetchEngineTest {
         DiskTierKey{.dataset = kName, .generation = kGeneration, .object_id = i + 1, .chunk = 0},
         file_size(i));
   }
+  static std::vector<uint32_t> shuffled_files(uint64_t seed) {
+    std::vector<uint32_t> order(kFiles);
+    for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    return order;
+  }
   // A Redis window of 2 (one connection), 4 disk stagers.
   static EngineOptions narrow_window() {
     return EngineOptions{
@@ -328,9 +334,7 @@ class PrefetchEngineDiskTierTest : public PrefetchEngineTest {
 TEST_F(PrefetchEngineDiskTierTest, FilesOnDiskAreStagedAheadUnderTheirOwnBound) {
   ASSERT_EQ(tier_.stats().entries, kFiles);
   make_engine(64 << 20, narrow_window());
-  std::vector<uint32_t> order(kFiles);
-  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
-  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  const std::vector<uint32_t> order = shuffled_files(7);
   plan(order);
   ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
   const EngineStats stats = engine_->stats();
@@ -355,9 +359,7 @@ TEST_F(PrefetchEngineDiskTierTest, FilesTheTierDropsWhenStagedAreFetchedFromRedi
     test::write_file(file_on_disk(i), bytes);
   }
   make_engine(64 << 20, narrow_window());
-  std::vector<uint32_t> order(kFiles);
-  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
-  std::shuffle(order.begin(), order.end(), std::mt19937_64(8));
+  const std::vector<uint32_t> order = shuffled_files(8);
   plan(order);
   ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
   const EngineStats stats = engine_->stats();
@@ -376,9 +378,7 @@ TEST_F(PrefetchEngineDiskTierTest, FilesTheTierDropsWhenStagedAreFetchedFromRedi
 TEST_F(PrefetchEngineDiskTierTest, StoppingWithFilesQueuedForTheStagersReservesNothing) {
   for (int round = 0; round < 5; ++round) {
     make_engine(64 << 20, narrow_window());
-    std::vector<uint32_t> order(kFiles);
-    for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(round));
+    const std::vector<uint32_t> order = shuffled_files(round);
     plan(order);
     ASSERT_TRUE(eventually([&] { return engine_->stats().staging_peak > 0; }));
     engine_->stop();
