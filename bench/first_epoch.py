@@ -93,6 +93,15 @@ print(sum(done), elapsed)
 """
 
 
+# --syscalls: the kinds of syscall a read path makes, and the scheduler's and memory's events.
+COUNTED_EVENTS = [f"syscalls:sys_enter_{name}" for name in (
+    "read", "readv", "write", "writev", "pread64", "recvfrom", "recvmsg", "sendto", "sendmsg",
+    "splice", "vmsplice", "futex", "madvise", "mmap", "munmap", "mprotect", "brk", "poll",
+    "ppoll", "epoll_wait", "epoll_pwait", "openat", "close", "newfstatat", "statx",
+    "lseek", "ioctl", "getdents64", "fadvise64", "clock_nanosleep", "sched_yield",
+    "io_uring_enter")] + ["context-switches", "cpu-migrations", "page-faults"]
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -186,6 +195,7 @@ class Bench:
             before = self.stats()
             start = process_usage(pid)
             profile = self.start_profile(profile_name, pid) if profile_name else None
+            counting = self.start_counting(pid) if self.args.syscalls else None
             proxy_start = process_usage(self.proxy.proc.pid)["cpu_s"] if self.proxy else 0
             if reader == "c":
                 out = os.path.join(self.workdir, "bench.json")
@@ -194,7 +204,7 @@ class Bench:
                         "--duration", f"{self.args.epoch_seconds}s"]
                 if spec["plan"]:
                     args.append("--plan")
-                run(args, timeout=600)
+                run(self.counted(args), timeout=600)
                 with open(out) as f:
                     e = json.load(f)["epochs"][0]
                 if e["errors"]:
@@ -204,8 +214,8 @@ class Bench:
                 drop_caches()
                 plan = os.path.join(self.mnt, ".dsfs", "plan") if spec["plan"] else ""
                 res = subprocess.run(
-                    [sys.executable, "-c", PY_READER, root, str(seed), plan, str(JOBS),
-                     str(self.args.epoch_seconds)],
+                    self.counted([sys.executable, "-c", PY_READER, root, str(seed), plan,
+                                  str(JOBS), str(self.args.epoch_seconds)]),
                     input="\n".join(self.paths), text=True, capture_output=True,
                     timeout=max(600, 20 * self.args.epoch_seconds))
                 if res.returncode != 0:
@@ -213,10 +223,13 @@ class Bench:
                 files, seconds = (float(x) for x in res.stdout.split())
             end = process_usage(pid)
             self.stop_profile(profile)
+            syscalls = self.stop_counting(counting, files) if counting else None
             proxy_end = process_usage(self.proxy.proc.pid)["cpu_s"] if self.proxy else 0
             after = self.stats()
         finally:
             self.umount()
+            if self.args.syscalls:
+                self.remove_cgroups()
         delta = stats_delta(before, after)
         threads_cpu_s, busiest_thread = thread_cpu(start, end, seconds)
         inflight = after["prefetch"]["inflight"]
@@ -236,7 +249,12 @@ class Bench:
                 "wasted_bytes": delta["wasted_bytes"],
                 "stall_p99_us": delta["stall_p99_us"], "leader": delta["leader"],
                 "inflight_peak": inflight.get("peak"),
-                "fetches_opened_for_plan": inflight.get("fetches_opened_for_plan")}
+                "fetches_opened_for_plan": inflight.get("fetches_opened_for_plan"),
+                # FUSE requests the kernel sent per file read, by kind (stats.json)
+                "fuse_requests_per_file": {
+                    op: round((n - before["requests"].get(op, 0)) / max(files, 1), 3)
+                    for op, n in after["requests"].items() if n > before["requests"].get(op, 0)},
+                "syscalls_per_file": syscalls}
 
     # ---- --perf: where the CPUs went during the first run of each case ----
 
@@ -269,6 +287,68 @@ class Bench:
                 out.flush()
                 subprocess.run(base + extra, stdout=out, stderr=subprocess.DEVNULL, timeout=300)
         os.unlink(data)
+
+    # ---- --syscalls: what the kernel did per file, in the daemon and in the reader ----
+    # Each side runs in a cgroup of its own (v2), counted system-wide by one `perf stat`: a
+    # process's threads started later (FUSE starts workers on demand) join its cgroup, where
+    # `perf stat -p` would miss them.
+
+    # cgroup v2: the whole hierarchy (a unified mount) or, beside v1 controllers, its own mount.
+    CGROUP_ROOT = next((d for d in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+                        if os.path.exists(os.path.join(d, "cgroup.controllers"))), None)
+
+    def cgroup(self, side):
+        if self.CGROUP_ROOT is None:
+            sys.exit("bench: --syscalls needs a cgroup v2 hierarchy (/sys/fs/cgroup)")
+        name = f"dsfs-first-epoch-{os.getpid()}-{side}"
+        os.makedirs(os.path.join(self.CGROUP_ROOT, name), exist_ok=True)
+        return name
+
+    def start_counting(self, daemon_pid):
+        daemon, reader = self.cgroup("daemon"), self.cgroup("reader")
+        with open(os.path.join(self.CGROUP_ROOT, daemon, "cgroup.procs"), "w") as f:
+            f.write(str(daemon_pid))  # every thread of it
+        out = os.path.join(self.workdir, "epoch.stat")
+        proc = subprocess.Popen([self.args.perf_binary, "stat", "-a", "-x", ",", "-o", out, "-e",
+                                 ",".join(COUNTED_EVENTS), "--for-each-cgroup",
+                                 f"{daemon},{reader}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # perf opens its events on every CPU before the epoch starts
+        return proc, out, {daemon: "daemon", reader: "reader"}
+
+    def counted(self, argv):
+        """The reader's command, moved into the reader's cgroup first with --syscalls (the
+        Python interpreter's start-up is counted too)."""
+        if not self.args.syscalls:
+            return argv
+        procs = os.path.join(self.CGROUP_ROOT, self.cgroup("reader"), "cgroup.procs")
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "reader"] + [str(a) for a in argv]
+
+    def stop_counting(self, counting, files):
+        """{"daemon": {kind: per file}, "reader": {...}}; the cgroups are removed (the daemon's
+        once it has exited)."""
+        proc, out, sides = counting
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        per_file = {side: {} for side in sides.values()}
+        with open(out) as f:
+            for line in f:
+                fields = line.strip().split(",")
+                if len(fields) < 4 or not fields[0].isdigit() or fields[3] not in sides:
+                    continue
+                kind = fields[2].removeprefix("syscalls:sys_enter_")
+                per_file[sides[fields[3]]][kind] = round(int(fields[0]) / max(files, 1), 3)
+        return per_file
+
+    def remove_cgroups(self):
+        for side in ("daemon", "reader"):
+            path = os.path.join(self.CGROUP_ROOT or "", f"dsfs-first-epoch-{os.getpid()}-{side}")
+            try:
+                os.rmdir(path)  # empty by now: the reader exited, the daemon was unmounted
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # a daemon still exiting: the next epoch's rmdir takes it
+                log(f"cgroup {path} not removed yet: {e}")
 
     def raw_epoch(self, url, seed):
         out = os.path.join(self.workdir, "raw.json")
@@ -439,6 +519,9 @@ def main():
                    help="profile every CPU (perf record) during each case's first run; reports "
                         "by thread and by function to DIR/CASE.txt")
     p.add_argument("--perf-binary", default="perf")
+    p.add_argument("--syscalls", action="store_true",
+                   help="count the daemon's and the reader's syscalls by kind, context switches "
+                        "and page faults per file (perf stat) in every run")
     p.add_argument("--raw-files", type=int, default=0,
                    help="raw Redis reads only the first N files (0: all; at 100 ms it reads "
                         "about 315 files/s, a 40,000-file epoch two minutes)")
