@@ -179,7 +179,8 @@ std::string cache_row(const Json& stats) {
 }
 
 // The disk tier (--disk-cache), or "" without one: fill, hits, bytes read, writes and what went
-// wrong there (each a read that went to Redis instead, never an error).
+// wrong there (each a read that went to Redis instead, never an error), then the engine's stagers
+// (--disk-cache-readers): files queued or being read from the tier into memory now, and the peak.
 std::string disk_tier_row(const Json& stats) {
   const Json* tier = find(stats, {"disk_tier"});
   if (!tier || !tier->is_object()) return "";
@@ -198,7 +199,11 @@ std::string disk_tier_row(const Json& stats) {
                   count_text(number(*tier, {"writes_deferred"})),
                   count_text(number(*tier, {"writes_dropped"})),
                   count_text(number(*tier, {"checksum_failures"})),
-                  count_text(number(*tier, {"write_errors"}))));
+                  count_text(number(*tier, {"write_errors"}))) +
+          fmt::format("  staging {} (peak {}, {} readers)",
+                      count_text(number(stats, {"prefetch", "disk_staging", "objects"})),
+                      count_text(number(stats, {"prefetch", "disk_staging", "peak"})),
+                      count_text(number(stats, {"prefetch", "disk_staging", "threads"}))));
 }
 
 // The datasets shown and what the watcher changed: "3 listed  added 1  removed 0  refreshed 2

@@ -210,6 +210,11 @@ class DiskTierTest(DsfsTestCase):
         self.assertLessEqual(staging["peak"], 6)  # twice the readers: queued or being read
         wait_for(lambda: self.stats(mnt)["prefetch"]["disk_staging"]["objects"] == 0, 30,
                  "the disk readers to finish")
+        # `dsfs stats` shows the stagers on the tier's line (idle now: the peak no longer moves).
+        peak = self.stats(mnt)["prefetch"]["disk_staging"]["peak"]
+        summary = self.dsfs("stats", mnt, redis=False).stdout
+        tier_line = next(line for line in summary.splitlines() if line.startswith("disk tier"))
+        self.assertIn(f"staging 0 (peak {peak}, 3 readers)", tier_line)
 
     def test_planned_files_damaged_on_disk_come_right_from_redis(self):
         """Every tier file damaged after epoch 1 (a byte flipped: the index still lists them):
