@@ -26,8 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include "src/store/get_reply.h"
 #include "src/store/log_text.h"
 #include "src/store/thread_name.h"
+#include "src/store/value_buffer.h"
 
 namespace dsfs::prefetch {
 namespace {
@@ -780,13 +782,17 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
     drop_bad(id, key.dataset, "its header does not match the object", true);
     return nullptr;
   }
-  std::string payload(length, '\0');
-  if (const int error = pread_all(fd.get(), payload.data(), payload.size(), head.size());
-      error != 0) {
+  // Not zeroed, and pre-faulted in one call: a remount's first epoch fills an empty cache from
+  // here, as a first epoch does from Redis.
+  store::ValueReply payload{.kind = store::ValueReply::Kind::kValue,
+                            .bytes = store::new_value_buffer(length),
+                            .size = length,
+                            .error = {}};
+  if (const int error = pread_all(fd.get(), payload.bytes.get(), length, head.size()); error != 0) {
     drop_bad(id, key.dataset, std::strerror(error), false);
     return nullptr;
   }
-  if (XXH64(payload.data(), payload.size(), 0) != header.payload_xxh64) {
+  if (XXH64(payload.bytes.get(), length, 0) != header.payload_xxh64) {
     drop_bad(id, key.dataset, "its payload fails its checksum", true);
     return nullptr;
   }

@@ -1,42 +1,16 @@
 #include "src/store/get_reply.h"
 
 #include <fmt/core.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 
 #include "src/store/log_text.h"
+#include "src/store/value_buffer.h"
 
 namespace dsfs::store {
-
-namespace {
-
-// A value's buffer is about to be filled from the socket. When its memory is fresh (a cache that
-// holds the whole dataset never reuses memory in its first epoch), every 4 KiB page would fault
-// on the first write, and on a VM each such fault cost 12-30 us. One MADV_POPULATE_WRITE maps
-// the whole range in a single call, and in a heap glibc marked for transparent huge pages it maps
-// 2 MiB pages (mount_command.cpp). On memory already mapped it only walks the page table.
-// Kernels before 5.14 answer EINVAL: the first such answer turns the call off.
-void prefault(char* begin, size_t size) {
-  constexpr size_t kMinBytes = 64 * 1024;  // below this, the syscall costs more than it saves
-  static std::atomic<bool> supported{true};
-  if (size < kMinBytes || !supported.load(std::memory_order_relaxed)) return;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(begin) + size) & ~(page - 1);
-  if (end <= first) return;
-  if (madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE) != 0 &&
-      (errno == EINVAL || errno == ENOSYS)) {
-    supported.store(false, std::memory_order_relaxed);
-  }
-}
-
-}  // namespace
 
 bool ReplyReader::line(std::string_view& out, int& error) {
   for (;;) {
@@ -118,9 +92,7 @@ std::optional<GetReplyFailure> read_get_reply(ReplyReader& reader, ValueReply& r
   }
   reply.kind = ValueReply::Kind::kValue;
   reply.size = static_cast<size_t>(length);
-  // Uninitialized on purpose: every byte is about to be overwritten from the stream.
-  reply.bytes.reset(new char[reply.size + 2]);
-  prefault(reply.bytes.get(), reply.size + 2);
+  reply.bytes = new_value_buffer(reply.size + 2);  // the value and its CRLF, from the stream
   if (!reader.read_exact(reply.bytes.get(), reply.size + 2, error)) {
     return GetReplyFailure{.kind = Kind::kIo, .error = error};
   }
