@@ -297,10 +297,14 @@ class Bench:
     CGROUP_ROOT = next((d for d in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
                         if os.path.exists(os.path.join(d, "cgroup.controllers"))), None)
 
+    @staticmethod
+    def cgroup_name(side):
+        return f"dsfs-first-epoch-{os.getpid()}-{side}"
+
     def cgroup(self, side):
         if self.CGROUP_ROOT is None:
             sys.exit("bench: --syscalls needs a cgroup v2 hierarchy (/sys/fs/cgroup)")
-        name = f"dsfs-first-epoch-{os.getpid()}-{side}"
+        name = self.cgroup_name(side)
         os.makedirs(os.path.join(self.CGROUP_ROOT, name), exist_ok=True)
         return name
 
@@ -342,7 +346,7 @@ class Bench:
 
     def remove_cgroups(self):
         for side in ("daemon", "reader"):
-            path = os.path.join(self.CGROUP_ROOT or "", f"dsfs-first-epoch-{os.getpid()}-{side}")
+            path = os.path.join(self.CGROUP_ROOT or "", self.cgroup_name(side))
             try:
                 os.rmdir(path)  # empty by now: the reader exited, the daemon was unmounted
             except FileNotFoundError:
