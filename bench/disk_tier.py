@@ -26,8 +26,8 @@ reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's fil
 
 An epoch longer than --epoch-seconds is cut there (its files/s is still a rate). Per epoch:
 files/s, and from stats.json (before/after) Redis GETs (`redis_ops.gets`), bytes from Redis,
-`disk_tier` hits/misses/bytes_read/writes/writes_deferred/writes_dropped/checksum_failures,
-and `prefetch.disk_reads`. Redis GETs are also counted at the server (INFO commandstats
+`disk_tier` hits/misses/bytes_read/writes/writes_deferred/writes_dropped/checksum_failures/
+page_cache_reads/direct_reads, and `prefetch.disk_reads`. Redis GETs are also counted at the server (INFO commandstats
 cmdstat_get; per epoch for the C reader, per mount for the Python reader): stats.json's `redis_ops.gets` counts the readers'
 misses only, `prefetch.gets` the engine's.
 
@@ -84,7 +84,8 @@ def counters(s):
             **{f"tier_{k}": d.get(k, 0) for k in ("hits", "misses", "bytes_read", "writes",
                                                    "bytes_written", "writes_deferred",
                                                    "writes_dropped", "checksum_failures",
-                                                   "read_errors", "write_errors", "evictions")},
+                                                   "read_errors", "write_errors", "evictions",
+                                                   "page_cache_reads", "direct_reads")},
             "tier_bytes_used": d.get("bytes_used", 0), "tier_entries": d.get("entries", 0),
             **{f"reads_{k}": s["prefetch"]["reads"][k] for k in ("ready", "joined", "miss")}}
 
@@ -278,6 +279,7 @@ class Bench:
         usage = process_usage(pid)
         return {**epoch, "seed": seed, "mount_seconds": mount_s,
                 "index_loaded": tier.get("index_loaded"), "open_seconds": tier.get("open_seconds"),
+                "tier_direct_io": tier.get("direct_io"),
                 "tier_entries_at_mount": tier.get("entries"),
                 "tier_bytes_used_at_mount": tier.get("bytes_used"),
                 "stale_temp_files": tier.get("stale_temp_files"),

@@ -2,13 +2,15 @@
 // Fills DIR (a tier on the disk to measure, not tmpfs) with N objects of S bytes if it holds
 // fewer, then reads all of them, in a shuffled order, with the page cache dropped first (cold)
 // and again without dropping it (warm), by:
-//   tier.get   K threads calling DiskTier::get(): what the prefetch workers and the FUSE read
-//              threads do today (open, read, close, header and XXH64 checks, one copy)
+//   tier.get   K threads calling DiskTier::get(): what the disk stagers and the FUSE read
+//              threads do (open, one read of the whole file, close, header and XXH64 checks;
+//              O_DIRECT unless the page cache holds the file, or through it with --page-cache)
 //   pread      K threads: open, read to EOF, close; no check (the I/O alone)
 //   io_uring   one thread keeping Q files in flight, each an openat (direct descriptor) -> read
 //              -> close chain; no check (the I/O alone, as pread)
-// Reports objects/s, MB/s and the CPU seconds the process used (io_uring's kernel workers are
-// threads of the process and count too), the median of --rounds. Writes JSON.
+// Reports objects/s, MB/s, the CPU seconds the process used (io_uring's kernel workers are
+// threads of the process and count too) and the machine's busy CPU (disk interrupts land outside
+// the process), the median of --rounds. Writes JSON.
 #include <fcntl.h>
 #include <liburing.h>
 #include <unistd.h>
@@ -37,6 +39,7 @@
 #include "tools/dataset_bench.h"
 
 using dsfs::bench::cpu_seconds;
+using dsfs::bench::machine_busy_seconds;
 using dsfs::bench::median_of;
 using dsfs::prefetch::DiskTier;
 using dsfs::prefetch::DiskTierKey;
@@ -207,11 +210,20 @@ int main(int argc, char** argv) {
   app.add_flag("--hold", hold,
                "tier.get keeps every object until the round ends, as a cache that fills with "
                "fresh memory does in a new mount's first epoch (else each is freed at once)");
+  bool page_cache = false;
+  app.add_flag("--page-cache", page_cache,
+               "tier.get reads through the page cache (dsfs mount --disk-cache-page-cache); "
+               "else as a mount does by default: O_DIRECT unless the page cache holds the file");
+  std::vector<std::string> methods = {"tier.get", "pread", "io_uring"};
+  app.add_option("--methods", methods, "which readers to measure")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tier.get", "pread", "io_uring"}));
   CLI11_PARSE(app, argc, argv);
 
   const DiskTierOptions options{.dir = dir,
                                 .capacity_bytes = objects * (size + 8192) + (64 << 20),
-                                .queue_bytes = uint64_t{256} << 20};
+                                .queue_bytes = uint64_t{256} << 20,
+                                .direct_io = !page_cache};
   auto tier = std::make_unique<DiskTier>(options);
   {
     tier->start();
@@ -240,18 +252,28 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json out{{"objects", objects},
                              {"object_bytes", size},
                              {"dir", dir},
+                             {"tier_direct_io", tier->stats().direct_io},
                              {"cases", nlohmann::json::array()}};
   struct Case {
     std::string method;
     unsigned parallel;
   };
   std::vector<Case> cases;
-  for (const unsigned t : threads) cases.push_back({"tier.get", t});
-  for (const unsigned t : threads) cases.push_back({"pread", t});
-  for (const unsigned q : depths) cases.push_back({"io_uring", q});
+  const auto wanted = [&](const char* method) {
+    return std::find(methods.begin(), methods.end(), method) != methods.end();
+  };
+  if (wanted("tier.get")) {
+    for (const unsigned t : threads) cases.push_back({"tier.get", t});
+  }
+  if (wanted("pread")) {
+    for (const unsigned t : threads) cases.push_back({"pread", t});
+  }
+  if (wanted("io_uring")) {
+    for (const unsigned q : depths) cases.push_back({"io_uring", q});
+  }
   for (const bool cold : {true, false}) {
     for (const Case& c : cases) {
-      std::vector<double> rates, cpu_per_object;
+      std::vector<double> rates, cpu_per_object, machine_cpu_per_object;
       uint64_t failures = 0;
       for (unsigned round = 0; round < rounds; ++round) {
         std::vector<uint64_t> order(objects);
@@ -259,6 +281,7 @@ int main(int argc, char** argv) {
         std::shuffle(order.begin(), order.end(), std::mt19937_64(1000 + round));
         if (cold) dsfs::tools::drop_page_cache();
         const double cpu0 = cpu_seconds();
+        const double machine0 = machine_busy_seconds();
         const auto start = std::chrono::steady_clock::now();
         Outcome o;
         std::vector<dsfs::prefetch::ObjectBuffer> held;
@@ -282,22 +305,28 @@ int main(int argc, char** argv) {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         rates.push_back(static_cast<double>(o.objects) / seconds);
         cpu_per_object.push_back((cpu_seconds() - cpu0) / static_cast<double>(o.objects));
+        machine_cpu_per_object.push_back((machine_busy_seconds() - machine0) /
+                                         static_cast<double>(o.objects));
         held.clear();  // outside the measured part: freeing is not reading
         failures += o.failures;
       }
       const double median = median_of(rates);
       const double cpu_us = 1e6 * median_of(cpu_per_object);
+      const double machine_cpu_us = 1e6 * median_of(machine_cpu_per_object);
       const std::string what = c.method == "io_uring" ? "depth" : "threads";
-      fmt::print("{:5} {:9} {:7} {:3}: {:8.0f} objects/s {:7.0f} MB/s  {:5.0f} us CPU/object{}\n",
-                 cold ? "cold" : "warm", c.method, what, c.parallel, median,
-                 median * static_cast<double>(size) / 1e6, cpu_us,
-                 failures ? fmt::format("  ({} FAILED)", failures) : "");
+      fmt::print(
+          "{:5} {:9} {:7} {:3}: {:8.0f} objects/s {:7.0f} MB/s  {:5.0f} us CPU/object "
+          "(machine {:5.0f}){}\n",
+          cold ? "cold" : "warm", c.method, what, c.parallel, median,
+          median * static_cast<double>(size) / 1e6, cpu_us, machine_cpu_us,
+          failures ? fmt::format("  ({} FAILED)", failures) : "");
       out["cases"].push_back({{"method", c.method},
                               {what, c.parallel},
                               {"cold", cold},
                               {"median_objects_per_s", median},
                               {"objects_per_s", rates},
                               {"cpu_us_per_object", cpu_us},
+                              {"machine_cpu_us_per_object", machine_cpu_us},
                               {"failures", failures}});
       if (failures) return 1;
     }

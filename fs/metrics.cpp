@@ -247,6 +247,13 @@ void append_disk_tier(Exposition& x, const prefetch::DiskTierStats& t) {
   x.counter("dsfs_disk_cache_read_errors_total", "Object files that vanished or could not be read",
             t.read_errors);
   x.counter("dsfs_disk_cache_evictions_total", "Objects evicted from the disk tier", t.evictions);
+  x.counter(
+      "dsfs_disk_cache_page_cache_reads_total",
+      "Disk tier hits read through the page cache (it held the file, or direct reads are off)",
+      t.page_cache_reads);
+  x.counter("dsfs_disk_cache_direct_reads_total",
+            "Disk tier hits read from the disk with O_DIRECT, around the page cache",
+            t.direct_reads);
 }
 
 void append_views(Exposition& x, const ViewStats& v) {

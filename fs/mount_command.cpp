@@ -60,6 +60,7 @@ struct MountArgs {
   std::string disk_cache;
   uint64_t disk_cache_bytes = 0;
   unsigned disk_cache_readers = kDefaultDiskStagers;
+  bool disk_cache_page_cache = false;
   double timeout_s = 30;
   double lease_ttl_s = static_cast<double>(kDefaultLeaseTtl.count()) / 1000.0;
   bool verify = false;
@@ -322,7 +323,8 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   if (!args.disk_cache.empty()) {
     disk_tier = std::make_unique<prefetch::DiskTier>(
         prefetch::DiskTierOptions{.dir = std::filesystem::absolute(args.disk_cache),
-                                  .capacity_bytes = args.disk_cache_bytes});
+                                  .capacity_bytes = args.disk_cache_bytes,
+                                  .direct_io = !args.disk_cache_page_cache});
     fs_options.disk_tier = disk_tier.get();
   }
   const size_t dataset_count = datasets.size();
@@ -604,6 +606,13 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       ->check(CLI::Range(1u, 256u))
       ->needs(disk_cache)
       ->capture_default_str();
+  mount
+      ->add_flag("--disk-cache-page-cache", mount_args->disk_cache_page_cache,
+                 "Read the --disk-cache files through the page cache. By default a file the "
+                 "page cache holds whole is read from it and the others with O_DIRECT, so that "
+                 "the tier's files do not take memory beside their copies in --cache-size. For a "
+                 "host whose free memory should keep the tier's files between epochs")
+      ->needs(disk_cache);
   mount
       ->add_option("--timeout", mount_args->timeout_s,
                    "How long a read waits for an unreachable Redis before failing with EIO "

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -151,6 +152,62 @@ int write_all(int fd, const char* data, size_t length) {
     length -= static_cast<size_t>(put);
   }
   return 0;
+}
+
+uint64_t round_up(uint64_t value, uint64_t granule) {
+  return (value + granule - 1) / granule * granule;
+}
+
+// Objects this large keep the block they were read into (DiskTier::get).
+constexpr uint64_t kKeepBlockBytes = 16 * store::kDirectIoBlock;
+
+// Reads from offset 0 until `length` bytes or the end of the file: the bytes read, or -errno.
+// A direct read is one pread: the file is read whole, and a short read is its end (a second
+// pread at an offset off the block would be refused).
+ssize_t read_file(int fd, char* data, size_t length, bool direct) {
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t got = ::pread(fd, data + done, length - done, static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -errno;
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+    if (direct) break;
+  }
+  return static_cast<ssize_t>(done);
+}
+
+// cachestat(2), Linux 6.5; glibc 2.36 has no wrapper. The number is the same on every
+// architecture (the unified syscall table).
+#ifndef SYS_cachestat
+#define SYS_cachestat 451
+#endif
+struct CachestatRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;  // 0: to the end of the file
+};
+struct Cachestat {
+  uint64_t cached = 0;  // pages
+  uint64_t dirty = 0;
+  uint64_t writeback = 0;
+  uint64_t evicted = 0;
+  uint64_t recently_evicted = 0;
+};
+
+enum class PageCacheAnswer { kYes, kNo, kNoCachestat };
+
+// Whether the page cache holds every page of the open file (`file_size` bytes); asks without
+// reading, so nothing is brought in.
+PageCacheAnswer page_cache_holds_whole(int fd, uint64_t file_size) {
+  CachestatRange range;
+  Cachestat stat;
+  if (::syscall(SYS_cachestat, fd, &range, &stat, 0) != 0) {
+    // ENOSYS: an older kernel; EPERM: a seccomp filter (containers) that does not know it.
+    return errno == ENOSYS || errno == EPERM ? PageCacheAnswer::kNoCachestat : PageCacheAnswer::kNo;
+  }
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return stat.cached >= round_up(file_size, page) / page ? PageCacheAnswer::kYes
+                                                         : PageCacheAnswer::kNo;
 }
 
 bool parse_hex(std::string_view text, uint64_t& value) {
@@ -407,6 +464,18 @@ DiskTier::DiskTier(DiskTierOptions options)
     spdlog::debug("cannot record the pid in {}", lock_path.string());
   }
   stats_.capacity_bytes = options_.capacity_bytes;
+  // Whether the filesystem takes O_DIRECT, asked once on a file it holds (flock is unaffected).
+  if (options_.direct_io) {
+    if (::fcntl(lock_fd_, F_SETFL, O_DIRECT) == 0) {
+      direct_io_.store(true);
+      (void)::fcntl(lock_fd_, F_SETFL, 0);
+    } else {
+      spdlog::info(
+          "disk cache: {} is read through the page cache: its filesystem does not "
+          "support O_DIRECT",
+          options_.dir.string());
+    }
+  }
   try {
     rebuild_index();
   } catch (...) {
@@ -755,25 +824,36 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
              errno == ENOENT ? std::string("the file vanished") : std::strerror(errno), false);
     return nullptr;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    drop_bad(id, key.dataset, std::strerror(errno), false);
+  const uint64_t expected = id.file_size;
+  bool direct = read_directly(fd.get(), expected);
+  // The whole file in one read, asking for one byte more than it should hold so that a longer
+  // file shows without a stat; rounded up to the block for O_DIRECT. Not zeroed, and pre-faulted
+  // in one call: a remount's first epoch fills an empty cache from here.
+  const uint64_t request = round_up(expected + 1, store::kDirectIoBlock);
+  store::AlignedValueBuffer block = store::new_aligned_value_buffer(request);
+  ssize_t got = read_file(fd.get(), block.get(), request, direct);
+  if (got == -EINVAL && direct) {
+    // A filesystem that takes O_DIRECT at open and refuses it at read (a larger logical block).
+    turn_direct_io_off("it refused a direct read (EINVAL)");
+    direct = false;
+    if (::fcntl(fd.get(), F_SETFL, 0) == 0) got = read_file(fd.get(), block.get(), request, false);
+  }
+  if (got < 0) {
+    drop_bad(id, key.dataset, std::strerror(static_cast<int>(-got)), false);
     return nullptr;
   }
-  const uint64_t expected = kHeaderBytes + key.dataset.size() + length;
-  if (static_cast<uint64_t>(st.st_size) != expected) {
+  if (static_cast<uint64_t>(got) != expected) {
     drop_bad(id, key.dataset,
-             fmt::format("the file has {} bytes, {} expected", st.st_size, expected), true);
+             static_cast<uint64_t>(got) > expected
+                 ? fmt::format("the file has more than the {} bytes expected", expected)
+                 : fmt::format("the file has {} bytes, {} expected", got, expected),
+             true);
     return nullptr;
   }
-  std::string head(kHeaderBytes + key.dataset.size(), '\0');
-  if (const int error = pread_all(fd.get(), head.data(), head.size(), 0); error != 0) {
-    drop_bad(id, key.dataset, std::strerror(error), false);
-    return nullptr;
-  }
+  const size_t head_size = kHeaderBytes + key.dataset.size();
   Header header;
-  std::memcpy(&header, head.data(), kHeaderBytes);
-  const std::string_view name = std::string_view(head).substr(kHeaderBytes);
+  std::memcpy(&header, block.get(), kHeaderBytes);
+  const std::string_view name(block.get() + kHeaderBytes, key.dataset.size());
   if (header.magic != kMagic || header.version != kVersion ||
       header.name_length != key.dataset.size() || header.payload_length != length ||
       header.generation != key.generation || header.object_id != key.object_id ||
@@ -782,26 +862,53 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
     drop_bad(id, key.dataset, "its header does not match the object", true);
     return nullptr;
   }
-  // Not zeroed, and pre-faulted in one call: a remount's first epoch fills an empty cache from
-  // here, as a first epoch does from Redis.
-  store::ValueReply payload{.kind = store::ValueReply::Kind::kValue,
-                            .bytes = store::new_value_buffer(length),
-                            .size = length,
-                            .error = {}};
-  if (const int error = pread_all(fd.get(), payload.bytes.get(), length, head.size()); error != 0) {
-    drop_bad(id, key.dataset, std::strerror(error), false);
-    return nullptr;
-  }
-  if (XXH64(payload.bytes.get(), length, 0) != header.payload_xxh64) {
+  const char* payload = block.get() + head_size;
+  if (XXH64(payload, length, 0) != header.payload_xxh64) {
     drop_bad(id, key.dataset, "its payload fails its checksum", true);
     return nullptr;
   }
   {
     std::lock_guard lock(mutex_);
     ++stats_.hits;
+    ++(direct ? stats_.direct_reads : stats_.page_cache_reads);
     stats_.bytes_read += length;
   }
-  return std::make_shared<const ObjectData>(std::move(payload));
+  // A large object keeps the block it was read into (header and rounding: at most 1/16 more than
+  // the RAM cache counts); a small one is copied out, so that the overhead stays within that.
+  if (length >= kKeepBlockBytes) {
+    return std::make_shared<const ObjectData>(std::move(block), head_size, length);
+  }
+  store::ValueReply copy{.kind = store::ValueReply::Kind::kValue,
+                         .bytes = store::new_value_buffer(length),
+                         .size = length,
+                         .error = {}};
+  std::memcpy(copy.bytes.get(), payload, length);
+  return std::make_shared<const ObjectData>(std::move(copy));
+}
+
+bool DiskTier::read_directly(int fd, uint64_t file_size) {
+  if (!direct_io_.load(std::memory_order_relaxed)) return false;
+  if (options_.page_cache_first && cachestat_works_.load(std::memory_order_relaxed)) {
+    const PageCacheAnswer cached = page_cache_holds_whole(fd, file_size);
+    if (cached == PageCacheAnswer::kYes) return false;
+    if (cached == PageCacheAnswer::kNoCachestat) {
+      cachestat_works_.store(false, std::memory_order_relaxed);
+      spdlog::info(
+          "disk cache: cachestat(2) is not available here (Linux 6.5 has it); every read of {} "
+          "goes "
+          "around the page cache",
+          options_.dir.string());
+    }
+  }
+  if (::fcntl(fd, F_SETFL, O_DIRECT) == 0) return true;
+  if (errno == EINVAL) turn_direct_io_off("its filesystem does not support O_DIRECT");
+  return false;
+}
+
+void DiskTier::turn_direct_io_off(const char* why) {
+  if (direct_io_.exchange(false)) {
+    spdlog::info("disk cache: {} is read through the page cache: {}", options_.dir.string(), why);
+  }
 }
 
 bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_epoch) {
@@ -850,7 +957,9 @@ void DiskTier::flush() {
 
 DiskTierStats DiskTier::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  DiskTierStats stats = stats_;
+  stats.direct_io = direct_io_.load(std::memory_order_relaxed);
+  return stats;
 }
 
 std::optional<DiskTier::Write> DiskTier::next_write_locked() {

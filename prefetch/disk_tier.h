@@ -7,6 +7,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,6 +54,17 @@ struct DiskTierOptions {
   unsigned writer_threads = 4;
   // Threads that list and stat the object files at open when there is no saved index.
   unsigned scan_threads = 16;
+  // Read object files with O_DIRECT, around the page cache, unless the page cache holds the file
+  // whole already (below). The tier's files would otherwise sit in the page cache beside their
+  // copies in the RAM cache, and a cold read would pay for readahead into fresh pages and a copy
+  // out of them. Turned off for the mount (one log line) where the filesystem refuses O_DIRECT.
+  // False (`dsfs mount --disk-cache-page-cache`): every read goes through the page cache.
+  bool direct_io = true;
+  // Ask the kernel first (cachestat(2), Linux 6.5) whether the page cache holds the file whole,
+  // and read it from there if so: a file written lately, or a host with memory to spare, costs no
+  // disk read. False reads every file directly (tests of the direct path). Without cachestat
+  // (Linux < 6.5, or a seccomp filter that refuses it) every read goes direct.
+  bool page_cache_first = true;
 };
 
 struct DiskTierStats {
@@ -69,6 +81,11 @@ struct DiskTierStats {
   uint64_t write_errors = 0;       // ENOSPC, EIO, a vanished directory...
   uint64_t checksum_failures = 0;  // a file whose header, length or payload did not check out
   uint64_t read_errors = 0;        // a file that vanished or could not be read
+  // Each hit was read one of two ways: through the page cache (a file it held whole, or every
+  // read when direct_io is off) or with O_DIRECT from the disk.
+  uint64_t page_cache_reads = 0;
+  uint64_t direct_reads = 0;
+  bool direct_io = false;  // O_DIRECT reads are on (asked for, and the filesystem allows them)
   uint64_t evictions = 0;
   uint64_t too_large = 0;  // objects larger than the whole tier: not written
   uint64_t queued_bytes = 0;
@@ -118,7 +135,8 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // that a daemon killed later leaves none that would miss its writes); without a whole one the
 // index is rebuilt from the directory listing alone (names carry the sizes; the order of use is
 // lost).
-// No payload is read either way: the first read of each file checks it. An flock on
+// No payload is read either way: the first read of each file checks it. A read is one pread of
+// the whole file, with O_DIRECT unless the page cache holds the file (DiskTierOptions). An flock on
 // DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is
 // epoch-aware, like the RAM cache's: objects of a generation older than the newest one seen of
 // the same dataset go first, then objects read this epoch (oldest read first), then the others
@@ -129,6 +147,7 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
 // writer waits on it with work_/idle_); file reads run outside it, unlinks and renames inside
 // it (so a file is never replaced between the index's answer and the unlink of a dropped entry).
+// direct_io_ and cachestat_works_ are atomics: only ever turned off.
 // Background writer threads (start(), options.writer_threads) do all writes and evictions,
 // each reserving its file's bytes first so that the bound holds while several write.
 class DiskTier {
@@ -244,6 +263,11 @@ class DiskTier {
   void place_locked(Entry& entry, bool read_this_epoch);
   // A newer generation of `dataset` exists: its older generations' files go first; mutex_ held.
   void note_generation_locked(uint64_t dataset, uint64_t generation);
+  // Whether to read the open file `fd` (`file_size` bytes) with O_DIRECT: direct reads are on
+  // and the page cache does not hold it whole. Sets O_DIRECT on `fd` if so.
+  bool read_directly(int fd, uint64_t file_size);
+  // Direct reads are not possible here (`why`): every later read goes through the page cache.
+  void turn_direct_io_off(const char* why);
   // Drops an entry whose file did not check out: logs one line, counts it.
   void drop_bad(const FileId& id, std::string_view dataset, const std::string& why, bool checksum);
 
@@ -268,6 +292,8 @@ class DiskTier {
   bool stopping_ = false;
   DiskTierStats stats_;
   int last_write_errno_ = 0;  // the last write failure logged, so a full disk logs once
+  std::atomic<bool> direct_io_{false};
+  std::atomic<bool> cachestat_works_{true};  // until the kernel says it has no cachestat
   std::vector<std::thread> writers_;
 };
 

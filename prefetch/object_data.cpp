@@ -14,4 +14,7 @@ ObjectData::ObjectData(store::ValueReply value) : value_(std::move(value.bytes))
   bytes_ = std::string_view(value_.get(), value.size);
 }
 
+ObjectData::ObjectData(store::AlignedValueBuffer block, size_t offset, size_t size)
+    : block_(std::move(block)), bytes_(block_.get() + offset, size) {}
+
 }  // namespace dsfs::prefetch

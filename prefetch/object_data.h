@@ -6,18 +6,22 @@
 #include <string_view>
 
 #include "src/store/connection.h"
+#include "src/store/value_buffer.h"
 
 namespace dsfs::prefetch {
 
-// Holds the bytes either in its own string or in the buffer a GET reply was read into straight
-// from the socket (store::Connection::get_values), so a fetched object is never copied between
-// the socket and the FUSE reply.
+// Holds the bytes in its own string, in the buffer a GET reply was read into straight from the
+// socket (store::Connection::get_values), or in the block a disk tier file was read into whole
+// (header included), so a fetched object is never copied between the socket or the disk and the
+// FUSE reply.
 // Thread safety: immutable once built; shared between threads through ObjectBuffer.
 class ObjectData {
  public:
   explicit ObjectData(std::string bytes);
   // `value` must be a kValue reply.
   explicit ObjectData(store::ValueReply value);
+  // The object is `size` bytes of `block` from `offset` on; the rest of the block is kept with it.
+  ObjectData(store::AlignedValueBuffer block, size_t offset, size_t size);
   // Pinned in place: bytes() points into this object.
   ObjectData(const ObjectData&) = delete;
   ObjectData& operator=(const ObjectData&) = delete;
@@ -28,6 +32,7 @@ class ObjectData {
  private:
   std::string owned_;
   std::unique_ptr<char[]> value_;
+  store::AlignedValueBuffer block_;
   std::string_view bytes_;
 };
 

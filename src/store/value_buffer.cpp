@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 
 namespace dsfs::store {
 
@@ -29,6 +31,14 @@ void prefault(char* begin, size_t size) {
 
 std::unique_ptr<char[]> new_value_buffer(size_t bytes) {
   std::unique_ptr<char[]> buffer(new char[bytes]);  // default-initialized: not zeroed
+  prefault(buffer.get(), bytes);
+  return buffer;
+}
+
+AlignedValueBuffer new_aligned_value_buffer(size_t bytes) {
+  void* memory = nullptr;
+  if (posix_memalign(&memory, kDirectIoBlock, bytes == 0 ? 1 : bytes) != 0) throw std::bad_alloc();
+  AlignedValueBuffer buffer(static_cast<char*>(memory));
   prefault(buffer.get(), bytes);
   return buffer;
 }

@@ -2,6 +2,7 @@
 // Memory for a value that is about to be written over whole: a GET reply's payload read from the
 // socket, or an object read back from the disk tier.
 #include <cstddef>
+#include <cstdlib>
 #include <memory>
 
 namespace dsfs::store {
@@ -14,5 +15,19 @@ namespace dsfs::store {
 // walks the page table; kernels before 5.14 answer EINVAL, and the first such answer turns it
 // off. Thread-safe.
 std::unique_ptr<char[]> new_value_buffer(size_t bytes);
+
+// Memory from posix_memalign, released with free().
+struct FreeDeleter {
+  void operator()(char* memory) const { std::free(memory); }
+};
+using AlignedValueBuffer = std::unique_ptr<char, FreeDeleter>;
+
+// Alignment and size granule of an aligned buffer: what O_DIRECT asks of a read's memory, length
+// and offset on every Linux filesystem that supports it (the logical block size is 4 KiB or less).
+inline constexpr size_t kDirectIoBlock = 4096;
+
+// As new_value_buffer, but the memory starts on a kDirectIoBlock boundary, so that a file can be
+// read into it with O_DIRECT. Throws std::bad_alloc when there is no memory. Thread-safe.
+AlignedValueBuffer new_aligned_value_buffer(size_t bytes);
 
 }  // namespace dsfs::store

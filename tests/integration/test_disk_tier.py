@@ -18,6 +18,31 @@ from test_read_path import drop_page_cache
 FILES = 60
 
 
+def evict_from_page_cache(paths):
+    """Writes the files back and drops them from the page cache (where the filesystem lets it),
+    so that the next read goes to the disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def takes_o_direct(directory):
+    """Whether the filesystem under `directory` lets a file be opened with O_DIRECT."""
+    probe = os.path.join(directory, "o-direct-probe")
+    try:
+        os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
+
+
 class DiskTierTest(DsfsTestCase):
 
     def setUp(self):
@@ -131,12 +156,37 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(tier["hits"], FILES - 3)
         self.assertEqual(stats["redis_ops"]["gets"], 3)  # only the damaged ones
         self.assertEqual(stats["errors"]["integrity"], 0)
-        # And written again: the next mount reads every file from disk.
+        # And written again: the next mount reads every file from disk, each either through the
+        # page cache (which still holds what was written lately) or around it.
         self.wait_written(mnt, 3)
         self.umount(mnt)
+        evict_from_page_cache(glob.glob(os.path.join(self.tier, "objects", "*", "*")))
         mnt = self.mount_with_tier()
         self.epoch(mnt, seed=8)
         stats = self.stats(mnt)
+        self.assertEqual(stats["redis_ops"]["gets"], 0)
+        tier = stats["disk_tier"]
+        self.assertEqual(tier["hits"], FILES)
+        self.assertEqual(tier["page_cache_reads"] + tier["direct_reads"], FILES)
+        self.assertEqual(tier["direct_io"], takes_o_direct(self.tier))
+        if not tier["direct_io"]:
+            self.assertEqual(tier["direct_reads"], 0)
+
+    def test_disk_cache_page_cache_reads_every_file_through_the_page_cache(self):
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=1)
+        self.wait_written(mnt, FILES)
+        self.umount(mnt)
+        evict_from_page_cache(glob.glob(os.path.join(self.tier, "objects", "*", "*")))
+        mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
+                         "--disk-cache-size", "64MiB", "--disk-cache-page-cache")
+        self.epoch(mnt, seed=2)
+        stats = self.stats(mnt)
+        tier = stats["disk_tier"]
+        self.assertFalse(tier["direct_io"])
+        self.assertEqual(tier["hits"], FILES)
+        self.assertEqual(tier["page_cache_reads"], FILES)
+        self.assertEqual(tier["direct_reads"], 0)
         self.assertEqual(stats["redis_ops"]["gets"], 0)
         self.assertEqual(stats["disk_tier"]["hits"], FILES)
 
@@ -246,6 +296,7 @@ class DiskTierTest(DsfsTestCase):
 
     def test_disk_cache_readers_are_checked(self):
         for args, message in ((["--disk-cache-readers", "4"], "--disk-cache"),
+                              (["--disk-cache-page-cache"], "--disk-cache"),
                               (["--disk-cache", self.tier, "--disk-cache-size", "64MiB",
                                 "--disk-cache-readers", "0"], "--disk-cache-readers")):
             res = self.dsfs("mount", os.path.join(self.tmp, "never"), *args, check=False)

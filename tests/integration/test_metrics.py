@@ -178,6 +178,8 @@ class MetricsTest(DsfsTestCase):
         families = self.scrape(port)
         self.assertEqual(self.value(families, "dsfs_disk_cache_capacity_bytes"), 64 << 20)
         self.assertEqual(self.value(families, "dsfs_disk_cache_checksum_failures"), 0)
+        self.assertEqual(self.value(families, "dsfs_disk_cache_direct_reads"), 0)
+        self.assertEqual(self.value(families, "dsfs_disk_cache_page_cache_reads"), 0)
 
     def test_a_stuck_client_does_not_hold_up_unmount(self):
         mnt, port = self.mount_with_metrics()

@@ -373,9 +373,13 @@ TEST_F(MetricsRender, DiskTierOnlyWhenTheMountHasOne) {
   disk_tier = prefetch::DiskTierStats{};
   disk_tier->capacity_bytes = 1 << 30;
   disk_tier->hits = 9;
+  disk_tier->page_cache_reads = 2;
+  disk_tier->direct_reads = 7;
   const Exposition x = parse(render_metrics(sources()));
   EXPECT_EQ(value_of(x, "dsfs_disk_cache_capacity_bytes"), std::to_string(1 << 30));
   EXPECT_EQ(value_of(x, "dsfs_disk_cache_hits_total"), "9");
+  EXPECT_EQ(value_of(x, "dsfs_disk_cache_page_cache_reads_total"), "2");
+  EXPECT_EQ(value_of(x, "dsfs_disk_cache_direct_reads_total"), "7");
 }
 
 // --- the endpoint ---

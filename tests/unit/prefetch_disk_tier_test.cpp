@@ -5,15 +5,22 @@
 // against a real redis-server: Redis is asked only for what the tier lacks or drops.
 #include "prefetch/disk_tier.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -45,12 +52,79 @@ std::string bytes_of(const ObjectBuffer& buffer) {
   return buffer ? std::string(buffer->bytes()) : std::string("<not found>");
 }
 
+// The pages of the file that the page cache holds now (mincore on a mapping, which reads
+// nothing in).
+size_t cached_pages(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    ADD_FAILURE() << "cannot open " << path << ": " << std::strerror(errno);
+    return 0;
+  }
+  const size_t size = std::filesystem::file_size(path);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* map = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return 0;
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  EXPECT_EQ(::mincore(map, size, resident.data()), 0) << std::strerror(errno);
+  ::munmap(map, size);
+  return static_cast<size_t>(
+      std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+}
+
+// Writes the file back and drops its pages from the page cache, so that the next read goes to
+// the disk.
+void evict_from_page_cache(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  EXPECT_EQ(::fsync(fd), 0);
+  EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+}
+
+// Empty when the filesystem under `dir` lets a file be evicted from the page cache and read
+// with O_DIRECT without bringing it back (a disk filesystem); else why not (tmpfs keeps every
+// page in memory; some filesystems refuse O_DIRECT). Tests of what a direct read leaves in the
+// page cache skip where it is not so: there is nothing to test there.
+std::string direct_reads_bypass_the_page_cache(const std::filesystem::path& dir) {
+  const std::filesystem::path probe = dir / "direct-probe";
+  test::write_file(probe, test::pattern_bytes(64 * 1024, 7));
+  evict_from_page_cache(probe);
+  if (cached_pages(probe) != 0) return "the page cache here keeps a file after POSIX_FADV_DONTNEED";
+  const int fd = ::open(probe.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) return std::string("O_DIRECT: ") + std::strerror(errno);
+  void* buffer = nullptr;
+  EXPECT_EQ(::posix_memalign(&buffer, 4096, 64 * 1024), 0);
+  const ssize_t got = ::pread(fd, buffer, 64 * 1024, 0);
+  std::free(buffer);
+  ::close(fd);
+  if (got != 64 * 1024) return "a direct read of the probe failed";
+  if (cached_pages(probe) != 0) return "a direct read here leaves the file in the page cache";
+  std::filesystem::remove(probe);
+  return "";
+}
+
+// Whether this kernel answers cachestat(2) (Linux 6.5; a seccomp filter may refuse it).
+bool kernel_has_cachestat() {
+  struct {
+    uint64_t offset = 0, length = 0;
+  } range;
+  uint64_t stat[5] = {};
+  const int fd = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  const long result = ::syscall(451, fd, &range, stat, 0);  // SYS_cachestat
+  const int error = errno;
+  ::close(fd);
+  return result == 0 || (error != ENOSYS && error != EPERM);
+}
+
 class DiskTierTest : public ::testing::Test {
  protected:
   std::unique_ptr<DiskTier> open(uint64_t capacity = 64 * kMiB, uint64_t queue = 64 * kMiB,
                                  bool start = true) {
-    auto tier = std::make_unique<DiskTier>(DiskTierOptions{
-        .dir = dir_.path() / "tier", .capacity_bytes = capacity, .queue_bytes = queue});
+    auto tier = std::make_unique<DiskTier>(DiskTierOptions{.dir = dir_.path() / "tier",
+                                                           .capacity_bytes = capacity,
+                                                           .queue_bytes = queue,
+                                                           .page_cache_first = page_cache_first_});
     if (start) tier->start();
     return tier;
   }
@@ -65,6 +139,7 @@ class DiskTierTest : public ::testing::Test {
 
   std::filesystem::path index_path() const { return dir_.path() / "tier" / "index"; }
 
+  bool page_cache_first_ = true;
   test::TempDir dir_{"dsfs-disk-tier"};
 };
 
@@ -556,6 +631,145 @@ TEST_F(DiskTierTest, ForeignFilesAreLeftAlone) {
   auto tier = open();
   EXPECT_EQ(tier->stats().entries, 0u);
   EXPECT_TRUE(std::filesystem::exists(dir_.path() / "tier" / "objects" / "00" / "notes.txt"));
+}
+
+TEST_F(DiskTierTest, AReadFromDiskLeavesNothingInThePageCache) {
+  if (const std::string why = direct_reads_bypass_the_page_cache(dir_.path()); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  auto tier = open();
+  ASSERT_TRUE(tier->stats().direct_io);
+  constexpr size_t kSize = 300'000;  // 74 pages
+  fill(*tier, 1, 1, kSize);
+  const std::filesystem::path path = tier->path_of(key(1), kSize);
+  evict_from_page_cache(path);
+  ASSERT_EQ(cached_pages(path), 0u);
+  EXPECT_EQ(bytes_of(tier->get(key(1), kSize)), test::pattern_bytes(kSize, 1));
+  // A read through the page cache leaves every page of the file there (and readahead more).
+  EXPECT_EQ(cached_pages(path), 0u) << "the tier's file is in the page cache beside the object";
+  EXPECT_EQ(tier->stats().direct_reads, 1u);
+  EXPECT_EQ(tier->stats().page_cache_reads, 0u);
+}
+
+TEST_F(DiskTierTest, AFileThePageCacheHoldsIsReadFromIt) {
+  if (!kernel_has_cachestat()) GTEST_SKIP() << "no cachestat(2) here (Linux < 6.5, or seccomp)";
+  if (const std::string why = direct_reads_bypass_the_page_cache(dir_.path()); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  auto tier = open();
+  constexpr size_t kSize = 100'000;
+  fill(*tier, 1, 1, kSize);
+  const std::filesystem::path path = tier->path_of(key(1), kSize);
+  test::read_file(path);  // now wholly in the page cache
+  const size_t pages = (std::filesystem::file_size(path) + 4095) / 4096;
+  ASSERT_EQ(cached_pages(path), pages);
+  EXPECT_EQ(bytes_of(tier->get(key(1), kSize)), test::pattern_bytes(kSize, 1));
+  EXPECT_EQ(tier->stats().page_cache_reads, 1u);
+  EXPECT_EQ(tier->stats().direct_reads, 0u);
+  // Gone from the page cache, it is read from the disk.
+  evict_from_page_cache(path);
+  EXPECT_EQ(bytes_of(tier->get(key(1), kSize)), test::pattern_bytes(kSize, 1));
+  EXPECT_EQ(tier->stats().direct_reads, 1u);
+  EXPECT_EQ(tier->stats().page_cache_reads, 1u);
+  EXPECT_EQ(tier->stats().hits, 2u);
+}
+
+TEST_F(DiskTierTest, WithDirectReadsOffEveryReadGoesThroughThePageCache) {
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+      .dir = dir_.path() / "tier", .capacity_bytes = 64 * kMiB, .direct_io = false});
+  tier->start();
+  EXPECT_FALSE(tier->stats().direct_io);
+  fill(*tier, 1, 1, 100'000);
+  evict_from_page_cache(tier->path_of(key(1), 100'000));
+  EXPECT_EQ(bytes_of(tier->get(key(1), 100'000)), test::pattern_bytes(100'000, 1));
+  EXPECT_EQ(tier->stats().page_cache_reads, 1u);
+  EXPECT_EQ(tier->stats().direct_reads, 0u);
+}
+
+// A ramfs mounted over a directory for the length of a test; unmounted (lazily) after.
+class RamfsMount {
+ public:
+  explicit RamfsMount(const std::filesystem::path& dir) : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    if (::mount("dsfs-test", dir_.c_str(), "ramfs", 0, nullptr) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~RamfsMount() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  RamfsMount(const RamfsMount&) = delete;
+  RamfsMount& operator=(const RamfsMount&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::filesystem::path dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+TEST_F(DiskTierTest, AFilesystemWithoutODirectIsReadThroughThePageCache) {
+  // ramfs has no O_DIRECT on any kernel (tmpfs has had it since Linux 6.6).
+  const RamfsMount ramfs(dir_.path() / "ramfs");
+  if (!ramfs.mounted()) GTEST_SKIP() << "cannot mount a ramfs here (needs root): " << ramfs.error();
+  const int probe =
+      ::open((dir_.path() / "ramfs" / "p").c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+  ASSERT_LT(probe, 0) << "this ramfs takes O_DIRECT: the test cannot show the fallback";
+  DiskTier tier(DiskTierOptions{.dir = dir_.path() / "ramfs" / "tier",
+                                .capacity_bytes = 64 * kMiB,
+                                .page_cache_first = false});
+  tier.start();
+  EXPECT_FALSE(tier.stats().direct_io);
+  for (uint64_t i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(tier.put(key(i), object(70'000, static_cast<unsigned>(i))));
+  }
+  tier.flush();
+  for (uint64_t i = 1; i <= 3; ++i) {
+    EXPECT_EQ(bytes_of(tier.get(key(i), 70'000)), test::pattern_bytes(70'000, i));
+  }
+  EXPECT_EQ(tier.stats().page_cache_reads, 3u);
+  EXPECT_EQ(tier.stats().direct_reads, 0u);
+  EXPECT_EQ(tier.stats().checksum_failures + tier.stats().read_errors, 0u);
+}
+
+TEST_F(DiskTierTest, LargeObjectsComeBackWholeAndTheirDamageIsCaught) {
+  page_cache_first_ = false;  // every read from the disk, directly where the filesystem allows
+  auto tier = open();
+  // Around the size from which an object keeps the block it was read into (64 KiB), around a
+  // block's edge with the header, and large.
+  const std::vector<size_t> sizes = {65'535, 65'536, 65'537, 4096 * 20 - 64 - 4, 1'048'593};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    fill(*tier, i + 1, 1, sizes[i]);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    evict_from_page_cache(tier->path_of(key(i + 1), sizes[i]));
+    EXPECT_EQ(bytes_of(tier->get(key(i + 1), sizes[i])),
+              test::pattern_bytes(sizes[i], static_cast<unsigned>(i + 1)))
+        << sizes[i] << " bytes";
+  }
+  EXPECT_EQ(tier->stats().hits, sizes.size());
+  EXPECT_EQ(tier->stats().direct_reads + tier->stats().page_cache_reads, sizes.size());
+  EXPECT_EQ(tier->stats().direct_reads, tier->stats().direct_io ? sizes.size() : 0u);
+  // A flipped byte in the last block, a truncated file, a byte appended: each dropped, counted.
+  const std::filesystem::path flipped = tier->path_of(key(5), sizes[4]);
+  std::string content = test::read_file(flipped);
+  content[content.size() - 3] ^= 0x10;
+  test::write_file(flipped, content);
+  evict_from_page_cache(flipped);
+  EXPECT_EQ(tier->get(key(5), sizes[4]), nullptr);
+  std::filesystem::resize_file(tier->path_of(key(4), sizes[3]), 4096 * 19);
+  evict_from_page_cache(tier->path_of(key(4), sizes[3]));
+  EXPECT_EQ(tier->get(key(4), sizes[3]), nullptr);
+  const std::filesystem::path longer = tier->path_of(key(3), sizes[2]);
+  test::write_file(longer, test::read_file(longer) + "x");
+  evict_from_page_cache(longer);
+  EXPECT_EQ(tier->get(key(3), sizes[2]), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 3u);
+  EXPECT_EQ(tier->stats().entries, 2u);
+  EXPECT_EQ(bytes_of(tier->get(key(1), sizes[0])), test::pattern_bytes(sizes[0], 1));
 }
 
 TEST_F(DiskTierTest, ConcurrentReadsWritesAndEvictionsNeverGiveWrongBytes) {

@@ -52,5 +52,22 @@ TEST(ValueBuffer, EmptyAndSmallBuffersAreGiven) {
   EXPECT_EQ(small[99], 'x');
 }
 
+TEST(ValueBuffer, AnAlignedBufferIsAlignedForDirectIoAndPreFaulted) {
+  for (const size_t bytes :
+       {size_t{0}, size_t{1}, size_t{4096}, size_t{100'000}, size_t{8} << 20}) {
+    const AlignedValueBuffer buffer = new_aligned_value_buffer(bytes);
+    ASSERT_NE(buffer, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.get()) % kDirectIoBlock, 0u) << bytes << " bytes";
+    if (bytes > 0) {
+      buffer.get()[bytes - 1] = 'z';
+      EXPECT_EQ(buffer.get()[bytes - 1], 'z');
+    }
+  }
+  if (!kernel_populates_on_advice()) GTEST_SKIP() << "no MADV_POPULATE_WRITE (Linux < 5.14)";
+  constexpr size_t kBytes = size_t{8} << 20;
+  const AlignedValueBuffer large = new_aligned_value_buffer(kBytes);
+  EXPECT_TRUE(all_pages_resident(large.get(), kBytes));
+}
+
 }  // namespace
 }  // namespace dsfs::store
