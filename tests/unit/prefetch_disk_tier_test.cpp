@@ -727,7 +727,10 @@ TEST_F(DiskTierTest, AFilesystemWithoutODirectIsReadThroughThePageCache) {
   if (!ramfs.mounted()) GTEST_SKIP() << "cannot mount a ramfs here (needs root): " << ramfs.error();
   const int probe =
       ::open((dir_.path() / "ramfs" / "p").c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-  ASSERT_LT(probe, 0) << "this ramfs takes O_DIRECT: the test cannot show the fallback";
+  if (probe >= 0) {
+    ::close(probe);
+    GTEST_SKIP() << "this kernel's ramfs takes O_DIRECT: there is no fallback to show";
+  }
   DiskTier tier(DiskTierOptions{.dir = dir_.path() / "ramfs" / "tier",
                                 .capacity_bytes = 64 * kMiB,
                                 .page_cache_first = false});
