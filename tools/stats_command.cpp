@@ -178,7 +178,8 @@ std::string cache_row(const Json& stats) {
                                   fill, count_text(number(stats, {"cache", "entries"}))));
 }
 
-// The disk tier (--disk-cache), or "" without one: fill, hits, bytes read, writes and what went
+// The disk tier (--disk-cache), or "" without one: fill, hits (and how many of them were read
+// around the page cache, with O_DIRECT), bytes read, writes and what went
 // wrong there (each a read that went to Redis instead, never an error), then the engine's stagers
 // (--disk-cache-readers): files queued or being read from the tier into memory now, and the peak.
 std::string disk_tier_row(const Json& stats) {
@@ -190,16 +191,16 @@ std::string disk_tier_row(const Json& stats) {
   if (used && capacity && *capacity > 0) fill = fmt::format(" ({:.1f}%)", *used / *capacity * 100);
   return row(
       "disk tier",
-      fmt::format("{} of {}{}  {} objects  hits {}  misses {}  read {}  written {}  "
-                  "deferred {}  dropped {}  bad files {}  write errors {}",
-                  bytes_text(used), bytes_text(capacity), fill,
-                  count_text(number(*tier, {"entries"})), count_text(number(*tier, {"hits"})),
-                  count_text(number(*tier, {"misses"})), bytes_text(number(*tier, {"bytes_read"})),
-                  count_text(number(*tier, {"writes"})),
-                  count_text(number(*tier, {"writes_deferred"})),
-                  count_text(number(*tier, {"writes_dropped"})),
-                  count_text(number(*tier, {"checksum_failures"})),
-                  count_text(number(*tier, {"write_errors"}))) +
+      fmt::format(
+          "{} of {}{}  {} objects  hits {} ({} direct)  misses {}  read {}  written {}  "
+          "deferred {}  dropped {}  bad files {}  write errors {}",
+          bytes_text(used), bytes_text(capacity), fill, count_text(number(*tier, {"entries"})),
+          count_text(number(*tier, {"hits"})), count_text(number(*tier, {"direct_reads"})),
+          count_text(number(*tier, {"misses"})), bytes_text(number(*tier, {"bytes_read"})),
+          count_text(number(*tier, {"writes"})), count_text(number(*tier, {"writes_deferred"})),
+          count_text(number(*tier, {"writes_dropped"})),
+          count_text(number(*tier, {"checksum_failures"})),
+          count_text(number(*tier, {"write_errors"}))) +
           fmt::format("  staging {} (peak {}, {} readers)",
                       count_text(number(stats, {"prefetch", "disk_staging", "objects"})),
                       count_text(number(stats, {"prefetch", "disk_staging", "peak"})),
