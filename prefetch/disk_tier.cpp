@@ -97,8 +97,12 @@ uint64_t header_digest(const Header& header, std::string_view name) {
   return XXH64(bytes.data(), bytes.size(), 0);
 }
 
+uint64_t round_up(uint64_t value, uint64_t granule) {
+  return (value + granule - 1) / granule * granule;
+}
+
 uint64_t on_disk_bytes(uint64_t file_size) {
-  return (file_size + kBlock - 1) / kBlock * kBlock;
+  return round_up(file_size, kBlock);
 }
 
 // An open file descriptor, closed on destruction.
@@ -152,10 +156,6 @@ int write_all(int fd, const char* data, size_t length) {
     length -= static_cast<size_t>(put);
   }
   return 0;
-}
-
-uint64_t round_up(uint64_t value, uint64_t granule) {
-  return (value + granule - 1) / granule * granule;
 }
 
 // Objects this large keep the block they were read into (DiskTier::get).
@@ -465,15 +465,12 @@ DiskTier::DiskTier(DiskTierOptions options)
   }
   stats_.capacity_bytes = options_.capacity_bytes;
   // Whether the filesystem takes O_DIRECT, asked once on a file it holds (flock is unaffected).
+  direct_io_.store(options_.direct_io);
   if (options_.direct_io) {
     if (::fcntl(lock_fd_, F_SETFL, O_DIRECT) == 0) {
-      direct_io_.store(true);
       (void)::fcntl(lock_fd_, F_SETFL, 0);
     } else {
-      spdlog::info(
-          "disk cache: {} is read through the page cache: its filesystem does not "
-          "support O_DIRECT",
-          options_.dir.string());
+      turn_direct_io_off("its filesystem does not support O_DIRECT");
     }
   }
   try {
@@ -894,9 +891,8 @@ bool DiskTier::read_directly(int fd, uint64_t file_size) {
     if (cached == PageCacheAnswer::kNoCachestat) {
       cachestat_works_.store(false, std::memory_order_relaxed);
       spdlog::info(
-          "disk cache: cachestat(2) is not available here (Linux 6.5 has it); every read of {} "
-          "goes "
-          "around the page cache",
+          "disk cache: cachestat(2) is not available here (Linux 6.5 has it); every "
+          "read of {} goes around the page cache",
           options_.dir.string());
     }
   }
