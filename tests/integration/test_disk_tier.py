@@ -63,11 +63,11 @@ class DiskTierTest(DsfsTestCase):
             files[f"c/{i}.bin"] = data
         return files
 
-    def mount_with_tier(self, name="mnt"):
+    def mount_with_tier(self, *extra, name="mnt"):
         # A RAM cache of about a sixth of the dataset; no prefetching, so every RAM miss is a
         # demand read (the planned test below covers the engine's fetches).
         return self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
-                          "--disk-cache-size", "64MiB", name=name)
+                          "--disk-cache-size", "64MiB", *extra, name=name)
 
     def stats(self, mnt):
         with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
@@ -178,8 +178,7 @@ class DiskTierTest(DsfsTestCase):
         self.wait_written(mnt, FILES)
         self.umount(mnt)
         evict_from_page_cache(glob.glob(os.path.join(self.tier, "objects", "*", "*")))
-        mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
-                         "--disk-cache-size", "64MiB", "--disk-cache-page-cache")
+        mnt = self.mount_with_tier("--disk-cache-page-cache")
         self.epoch(mnt, seed=2)
         stats = self.stats(mnt)
         tier = stats["disk_tier"]
