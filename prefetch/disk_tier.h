@@ -128,8 +128,8 @@ DiskTierContents inspect_disk_tier(const std::filesystem::path& dir);
 uint64_t clear_disk_tier(const std::filesystem::path& dir);
 
 // A directory of object files, one per object: DIR/objects/XX/NAME, NAME = the key's fields and
-// the file's size, holds a header (magic, version, the full key, payload length and XXH64, the
-// header's own XXH64) then the payload. Written as NAME.tmp and renamed, so a killed writer
+// the file's size, holds a header (magic, version, the full key, payload length and XXH3, the
+// header's own XXH3; XXH64 in version 1 files, still read) then the payload. Written as NAME.tmp and renamed, so a killed writer
 // leaves only temp files, removed at the next open. The index (key -> size, LRU order) lives in
 // memory. A clean close saves it as DIR/index, which the next open reads (and removes at once, so
 // that a daemon killed later leaves none that would miss its writes); without a whole one the

@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -603,6 +604,80 @@ TEST_F(DiskTierTest, FilesOfAnOlderDsfsAreRenamedAndServed) {
   EXPECT_EQ(tier->stats().bytes_used, 2 * 4096u);
   EXPECT_EQ(bytes_of(tier->get(key(2), 3000)), test::pattern_bytes(3000, 2));
   EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
+}
+
+// An object file's header, as the format fixes it: the fields the tests below read and rewrite.
+struct FileHeaderLayout {
+  static constexpr size_t kVersion = 8;         // u32
+  static constexpr size_t kPayloadDigest = 24;  // u64, over the payload
+  static constexpr size_t kHeaderDigest = 56;   // u64, over the 56 bytes before it and the name
+  static constexpr size_t kBytes = 64;          // then the dataset name, then the payload
+};
+
+template <typename T>
+T field(const std::string& file, size_t at) {
+  T value;
+  std::memcpy(&value, file.data() + at, sizeof value);
+  return value;
+}
+
+template <typename T>
+void set_field(std::string& file, size_t at, T value) {
+  std::memcpy(file.data() + at, &value, sizeof value);
+}
+
+// Rewrites an object file as dsfs wrote it before version 2: version 1, XXH64 checksums.
+void rewrite_as_version_1(const std::filesystem::path& path, std::string_view dataset) {
+  using L = FileHeaderLayout;
+  std::string file = test::read_file(path);
+  set_field<uint32_t>(file, L::kVersion, 1);
+  const size_t payload_at = L::kBytes + dataset.size();
+  set_field<uint64_t>(file, L::kPayloadDigest,
+                      XXH64(file.data() + payload_at, file.size() - payload_at, 0));
+  const std::string covered = file.substr(0, L::kHeaderDigest) + std::string(dataset);
+  set_field<uint64_t>(file, L::kHeaderDigest, XXH64(covered.data(), covered.size(), 0));
+  test::write_file(path, file);
+}
+
+TEST_F(DiskTierTest, NewFilesCarryXxh3Checksums) {
+  using L = FileHeaderLayout;
+  auto tier = open();
+  fill(*tier, 1, 1, 3000);
+  const std::string file = test::read_file(tier->path_of(key(1), 3000));
+  ASSERT_EQ(file.size(), L::kBytes + 4 + 3000);
+  EXPECT_EQ(field<uint32_t>(file, L::kVersion), 2u);
+  EXPECT_EQ(field<uint64_t>(file, L::kPayloadDigest),
+            XXH3_64bits(file.data() + L::kBytes + 4, 3000));
+  const std::string covered = file.substr(0, L::kHeaderDigest) + "imgs";
+  EXPECT_EQ(field<uint64_t>(file, L::kHeaderDigest), XXH3_64bits(covered.data(), covered.size()));
+}
+
+TEST_F(DiskTierTest, FilesOfTheFirstFormatAreStillReadAndChecked) {
+  using L = FileHeaderLayout;
+  auto tier = open();
+  fill(*tier, 1, 3, 3000);
+  for (uint64_t i = 1; i <= 2; ++i) rewrite_as_version_1(tier->path_of(key(i), 3000), "imgs");
+  // Object 2: a flipped payload byte under version 1's checksum.
+  std::string damaged = test::read_file(tier->path_of(key(2), 3000));
+  damaged[damaged.size() - 100] ^= 0x01;
+  test::write_file(tier->path_of(key(2), 3000), damaged);
+  // Object 3: marked version 1 but still carrying XXH3 checksums: the version picks the hash.
+  std::string relabelled = test::read_file(tier->path_of(key(3), 3000));
+  set_field<uint32_t>(relabelled, L::kVersion, 1);
+  test::write_file(tier->path_of(key(3), 3000), relabelled);
+
+  EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
+  EXPECT_EQ(tier->get(key(2), 3000), nullptr);
+  EXPECT_EQ(tier->get(key(3), 3000), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 2u);
+  // After a reopen (the index saved and loaded), the version 1 file is still served, and
+  // `dsfs cache show` reads the dataset's name from its header.
+  tier.reset();
+  tier = open();
+  EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
+  const DiskTierContents contents = inspect_disk_tier(dir_.path() / "tier");
+  ASSERT_EQ(contents.generations.size(), 1u);
+  EXPECT_EQ(contents.generations[0].dataset, "imgs");
 }
 
 TEST_F(DiskTierTest, WriterThreadsCarryTheirNames) {
