@@ -35,7 +35,10 @@ The remount epoch (`disk` mode; `--no-remount` skips it): after the EPOCHS epoch
 (which waits for the daemon to exit, so the tier saves DIR/index), the page cache dropped, the
 same `dsfs mount` on the SAME tier directory (timed: `mount_seconds`), and one more shuffled epoch
 (seed S+EPOCHS, a new order; the page cache dropped again by the reader) with the same figures,
-plus `disk_tier.index_loaded`, `disk_tier.open_seconds` and `disk_tier.entries` at the remount.
+plus `disk_tier.index_loaded`, `disk_tier.open_seconds` and `disk_tier.entries` at the remount,
+and `staged_before_first_read` (`prefetch.disk_staging.before_first_read`: the files a mount on a
+tier that holds the dataset stages into memory before the first read; here the reader starts as
+soon as the mount returns, so only those staged while it starts and drops the page cache).
 Each case gets `remount_epoch` and `remount_ratio` (remount epoch files/s / the median of epochs
 2..EPOCHS), and the JSON a `remount_summary` (medians over runs).
 
@@ -277,6 +280,9 @@ class Bench:
         epoch = self.read_epochs(reader, seed, 1)[0]
         epoch.setdefault("server_gets", server_gets(self.redis.sock) - sg0)
         usage = process_usage(pid)
+        # Files the engine staged from the tier between the mount and the epoch's first read
+        # (builds before the warm start report none).
+        staged_early = self.stats()["prefetch"].get("disk_staging", {}).get("before_first_read")
         return {**epoch, "seed": seed, "mount_seconds": mount_s,
                 "index_loaded": tier.get("index_loaded"), "open_seconds": tier.get("open_seconds"),
                 "tier_direct_io": tier.get("direct_io"),
@@ -287,7 +293,8 @@ class Bench:
                 "tier_dir_bytes_before": int(du[0]) if du else None,
                 "counters_at_mount": at_mount,
                 "daemon_cpu_us_per_file": 1e6 * (usage["cpu_s"] - cpu0) / max(epoch["files"], 1),
-                "daemon_hwm_bytes": usage.get("hwm_bytes")}
+                "daemon_hwm_bytes": usage.get("hwm_bytes"),
+                "staged_before_first_read": staged_early}
 
     def case(self, rtt, url, mode, reader, seed, build):
         a = self.args
@@ -377,7 +384,8 @@ class Bench:
                     f"(server {r['server_gets']}), tier hits {r['tier_hits']}, "
                     f"disk_reads {r['disk_reads']}, index_loaded {r['index_loaded']}, "
                     f"open {r['open_seconds']:.3f} s, mount {r['mount_seconds']:.2f} s, "
-                    f"entries {r['tier_entries_at_mount']}]")
+                    f"entries {r['tier_entries_at_mount']}, staged before the first read "
+                    f"{r.get('staged_before_first_read')}]")
             self.results["remount_summary"] = remount_summary(self.results)
             self.save()
         if self.proxy:

@@ -139,6 +139,43 @@ void PrefetchEngine::start() {
       fetch_loop(i);
     });
   }
+  warm_from_disk_tier();
+}
+
+bool PrefetchEngine::tier_holds_most_of(uint32_t dataset) const {
+  const DatasetSnapshot* d = datasets_.get(dataset);
+  if (d == nullptr || !d->catalog) return false;
+  const catalog::Catalog& catalog = *d->catalog;
+  constexpr uint32_t kSample = 64;
+  const uint32_t entries = catalog.entry_count();
+  const uint32_t samples = std::min(kSample, entries);
+  uint32_t files = 0;
+  uint32_t held = 0;
+  for (uint32_t i = 0; i < samples; ++i) {
+    const auto entry = static_cast<uint32_t>(uint64_t{i} * entries / samples);
+    if (catalog.entry(entry).is_dir) continue;
+    ++files;
+    if (fetcher_.on_disk(*d, entry, 0)) ++held;
+  }
+  return files > 0 && held * 10 >= files * 9;
+}
+
+void PrefetchEngine::warm_from_disk_tier() {
+  if (disk_stagers_ == 0 || options_.mode != PrefetchMode::kAuto) return;
+  std::vector<uint32_t> held;
+  for (uint32_t index = 0; index < datasets_.size(); ++index) {
+    if (tier_holds_most_of(index)) held.push_back(index);
+  }
+  if (held.empty()) return;
+  std::vector<ReadySource> ready;  // nothing is cached yet: stays empty
+  std::lock_guard lock(mutex_);
+  if (model_->accesses() > 0) return;  // reads came first
+  for (const uint32_t index : held) model_->expect_dataset(index);
+  warming_ = true;
+  std::vector<Fetch> none;  // room 0: nothing for Redis
+  propose_locked(0, none, ready);
+  spdlog::info("prefetch: the disk tier holds {} dataset(s); staging from it until the first read",
+               held.size());
 }
 
 void PrefetchEngine::stop() {
@@ -174,6 +211,7 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
   bool wake = false;
   {
     std::lock_guard lock(mutex_);
+    warming_ = false;
     if (model_->observe(file_id(dataset, entry))) {
       spdlog::debug("prefetch: epoch {} begins", model_->epochs().epoch());
       new_epoch_locked();
@@ -197,7 +235,8 @@ void PrefetchEngine::new_epoch_locked() {
 }
 
 bool PrefetchEngine::active_locked(Clock::time_point now) const {
-  return now - last_access_ < options_.idle_pause || now - plan_written_ < options_.idle_pause;
+  return warming_ || now - last_access_ < options_.idle_pause ||
+         now - plan_written_ < options_.idle_pause;
 }
 
 std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstanding,
@@ -258,6 +297,10 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
     // A file the disk tier holds is staged from it by the stagers, under their own bound (a
     // local read; no window of Redis's); the others go to Redis under their node's window.
     const bool from_disk = disk_stagers_ > 0 && fetcher_.on_disk(d, entry, 0);
+    if (warming_ && !from_disk) {
+      held_.reset();  // nothing from Redis before the first read: left to its reader
+      continue;
+    }
     if (from_disk ? staging_.size() + staging_busy_ >= staging_limit()
                   : out.size() >= room || !windows_.propose_more()) {
       for_redis_waits = !from_disk;
@@ -310,6 +353,7 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
       ++inflight_objects_;
       inflight_bytes_ += f.length;
       if (from_disk) {
+        if (warming_) ++staged_before_first_read_;
         staging_.push_back(std::move(f));
         continue;
       }
@@ -587,6 +631,7 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.disk_stagers = disk_stagers_;
   s.staging = staging_.size() + staging_busy_;
   s.staging_peak = staging_peak_;
+  s.staged_before_first_read = staged_before_first_read_;
   s.failures = failures_.load(std::memory_order_relaxed);
   s.plan_entries = model_->plan().entries();
   s.plan_position = model_->plan().position();

@@ -100,6 +100,8 @@ struct EngineStats {
   uint64_t plan_position = 0;  // entries read, every writer's plan together
   uint64_t plan_writers = 0;   // writers with a plan
   std::vector<PredictorReport> predictors;
+  // Staged from a tier that held the datasets when the mount started, before the first read.
+  uint64_t staged_before_first_read = 0;
 };
 
 class PrefetchEngine {
@@ -112,7 +114,10 @@ class PrefetchEngine {
   PrefetchEngine(const PrefetchEngine&) = delete;
   PrefetchEngine& operator=(const PrefetchEngine&) = delete;
 
-  // Starts the fetch threads (after any fork: threads do not survive one). Idempotent.
+  // Starts the fetch threads (after any fork: threads do not survive one). Idempotent. With a
+  // disk tier that holds most of a dataset (a remount), the stagers begin at once, before any
+  // read, to fill the cache with its files at random, as a steady epoch begins with the last
+  // one's files in memory; the first read ends that, and prediction takes over as usual.
   void start();
   void stop();
 
@@ -203,6 +208,10 @@ class PrefetchEngine {
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
+  // Whether the disk tier holds at least 90% of a sample of the dataset's files.
+  bool tier_holds_most_of(uint32_t dataset) const;
+  // The warm start (start()): stages the datasets the tier holds until the first read.
+  void warm_from_disk_tier();
   void stats_locked(EngineStats& s) const;  // all but the nodes' addresses; mutex_ held
   // An epoch began: the RAM cache and the disk tier rank last epoch's reads again; mutex_ held.
   void new_epoch_locked();
@@ -230,6 +239,10 @@ class PrefetchEngine {
   std::chrono::steady_clock::time_point last_access_{};
   std::chrono::steady_clock::time_point plan_written_{};
   bool was_active_ = false;
+  // Staging from the disk tier before the first read (warm_from_disk_tier): only what the tier
+  // holds is proposed meanwhile, nothing is asked of Redis.
+  bool warming_ = false;
+  uint64_t staged_before_first_read_ = 0;
   std::deque<Fetch> staging_;     // for the disk stagers, in the order proposed
   size_t staging_busy_ = 0;       // taken by a stager, not finished
   uint64_t staging_peak_ = 0;     // of staging_ and staging_busy_ together

@@ -379,6 +379,12 @@ std::optional<Proposal> UnreadSetPredictor::propose(uint64_t) {
   return std::nullopt;
 }
 
+void UnreadSetPredictor::expect(uint32_t dataset) {
+  if (dataset >= included_.size() || included_[dataset]) return;
+  include_dataset(dataset);
+  top_up();
+}
+
 void UnreadSetPredictor::restart() {
   // Propose the whole current sample: what it holds was never fetched while it was not leading.
   to_propose_.clear();
@@ -401,10 +407,16 @@ PredictionModel::PredictionModel(MountShape shape, uint64_t seed)
   predictors_.push_back(std::move(plan));
   predictors_.push_back(std::move(repeat));
   predictors_.push_back(std::make_unique<SequentialPredictor>(shape_));
-  predictors_.push_back(std::make_unique<UnreadSetPredictor>(shape_, epochs_, seed));
+  auto unread = std::make_unique<UnreadSetPredictor>(shape_, epochs_, seed);
+  unread_ = unread.get();
+  predictors_.push_back(std::move(unread));
   for (const auto& p : predictors_) scores_.push_back(PredictorScore{.name = p->name()});
   // With no evidence yet, the best guess is the one that assumes nothing about the order.
   leader_ = predictors_.size() - 1;
+}
+
+void PredictionModel::expect_dataset(uint32_t dataset) {
+  unread_->expect(dataset);
 }
 
 void PredictionModel::set_lookahead(size_t files) {

@@ -229,6 +229,9 @@ class UnreadSetPredictor final : public Predictor {
   void new_epoch() override;
   std::optional<Proposal> propose(uint64_t now) override;
   void restart() override;
+  // Samples `dataset`'s files before any of them is read (a warm start; observe() includes a
+  // dataset at its first access otherwise).
+  void expect(uint32_t dataset);
 
  private:
   void include_dataset(uint32_t dataset);
@@ -274,6 +277,9 @@ class PredictionModel {
   // replaced its writer's last one begins a new epoch.
   // Returns whether it began a new epoch.
   bool plan_published(bool replaced);
+  // Before any read: guess `dataset`'s files as the unread set does (a shuffled epoch of it is
+  // coming), so that propose() has files of it to offer.
+  void expect_dataset(uint32_t dataset);
 
   std::string_view leader() const { return predictors_[leader_]->name(); }
   std::vector<PredictorScore> scores() const;
@@ -296,6 +302,7 @@ class PredictionModel {
   std::vector<PredictorScore> scores_;
   PlansPredictor* plan_;
   RepeatPredictor* repeat_;
+  UnreadSetPredictor* unread_;
   size_t leader_;
   uint64_t accesses_ = 0;
 };

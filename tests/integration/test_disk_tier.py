@@ -172,6 +172,41 @@ class DiskTierTest(DsfsTestCase):
         if not tier["direct_io"]:
             self.assertEqual(tier["direct_reads"], 0)
 
+    def test_a_remount_stages_the_tier_into_memory_before_the_first_read(self):
+        """With prefetching on, a mount whose tier holds the dataset fills its memory cache from
+        the tier before any read, as a steady epoch begins with the last one's files in memory:
+        from disk only (no GET), within the cache's bound; the first epoch then reads them from
+        memory, and every file is right."""
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=1)
+        self.wait_written(mnt, FILES)
+        self.umount(mnt)
+        mnt = self.mount("--cache-size", "2MiB", "--disk-cache", self.tier, "--disk-cache-size",
+                         "64MiB")
+        gets_before = self.redis_gets()  # after the mount's own (the catalogue's)
+
+        def staged():
+            s = self.stats(mnt)
+            staging = s["prefetch"]["disk_staging"]
+            return (s["cache"]["entries"] > 0 and staging["objects"] == 0
+                    and s["prefetch"]["disk_reads"] == staging.get("before_first_read")), s
+        wait_for(lambda: staged()[0], 30, "the cache filled from the tier before any read")
+        stats = staged()[1]
+        early = stats["prefetch"]["disk_staging"]["before_first_read"]
+        self.assertGreaterEqual(early, 5)  # about 18 files of 100 KB fill 90% of 2 MiB
+        self.assertEqual(stats["disk_tier"]["hits"], early)
+        self.assertEqual(stats["cache"]["entries"], early)
+        self.assertLessEqual(stats["cache"]["bytes"], 2 << 20)
+        self.assertEqual(stats["prefetch"]["gets"] + stats["redis_ops"]["gets"], 0)
+        self.assertEqual(self.redis_gets(), gets_before)
+        self.assertEqual(stats["files_read"], 0)
+        self.epoch(mnt, seed=2)
+        stats = self.stats(mnt)
+        self.assertGreater(stats["prefetch"]["reads"]["ready"], 0)
+        self.assertEqual(stats["prefetch"]["disk_staging"]["before_first_read"], early)
+        self.assertEqual(self.redis_gets(), gets_before)  # every file from the tier
+        self.assertEqual(stats["disk_tier"]["checksum_failures"], 0)
+
     def test_disk_cache_page_cache_reads_every_file_through_the_page_cache(self):
         mnt = self.mount_with_tier()
         self.epoch(mnt, seed=1)

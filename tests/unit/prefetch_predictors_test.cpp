@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <set>
 #include <unordered_set>
 #include <vector>
 
@@ -162,6 +164,26 @@ TEST(Predictors, ShuffledEpochsReachTheBoundOfAnyOrderBlindPolicy) {
     EXPECT_EQ(model.epochs().epoch(), 3u) << fraction;
     EXPECT_NEAR(sim.hit_rate(), bound, 0.03) << "cache " << fraction;
   }
+}
+
+TEST(Predictors, AnExpectedDatasetIsGuessedBeforeAnyRead) {
+  PredictionModel model(shape_with(1000), 7);
+  model.set_lookahead(50);
+  EXPECT_FALSE(model.propose().has_value());  // nothing read, nothing expected: no guess
+  model.expect_dataset(0);
+  std::set<FileId> guessed;
+  while (const std::optional<Proposal> p = model.propose()) {
+    EXPECT_TRUE(model.shape().contains(p->file));
+    EXPECT_TRUE(model.shape().is_file[0][entry_of(p->file)]);
+    guessed.insert(p->file);
+  }
+  EXPECT_EQ(guessed.size(), 50u);  // the lookahead's worth, each once
+  // The first read takes one guess; the sample is topped up with one more file.
+  const FileId first = *guessed.begin();
+  model.observe(first);
+  const std::optional<Proposal> next = model.propose();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_FALSE(guessed.contains(next->file));
 }
 
 TEST(Predictors, ARepeatedOrderIsLearnedFromTheLastEpoch) {
