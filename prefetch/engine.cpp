@@ -577,6 +577,7 @@ void PrefetchEngine::plan_forget(PlanWriter writer) {
 void PrefetchEngine::plan_extend(PlanWriter writer, std::span<const PlannedFile> files,
                                  bool new_plan) {
   std::lock_guard lock(mutex_);
+  warming_ = false;  // the plan says what comes, from Redis too where the tier lacks it
   for (const PlannedFile& file : files) {
     model_->plan_append(writer, file_id(file.dataset, file.entry));
   }

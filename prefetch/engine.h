@@ -117,7 +117,7 @@ class PrefetchEngine {
   // Starts the fetch threads (after any fork: threads do not survive one). Idempotent. With a
   // disk tier that holds most of a dataset (a remount), the stagers begin at once, before any
   // read, to fill the cache with its files at random, as a steady epoch begins with the last
-  // one's files in memory; the first read ends that, and prediction takes over as usual.
+  // one's files in memory; the first read or plan ends that, and prediction takes over as usual.
   void start();
   void stop();
 

@@ -207,6 +207,38 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(self.redis_gets(), gets_before)  # every file from the tier
         self.assertEqual(stats["disk_tier"]["checksum_failures"], 0)
 
+    def test_a_plan_written_before_the_first_read_ends_the_warm_start(self):
+        """The warm start stages only what the tier holds; a plan written before the first read
+        ends it, and the engine fetches the planned files the tier lacks from Redis, ahead."""
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=1)
+        self.wait_written(mnt, FILES)
+        self.umount(mnt)
+        for path in sorted(glob.glob(os.path.join(self.tier, "objects", "*", "*")))[:3]:
+            os.unlink(path)
+        os.unlink(os.path.join(self.tier, "index"))  # listed again: the three are not there
+        mnt = self.mount("--cache-size", "64MiB", "--disk-cache", self.tier, "--disk-cache-size",
+                         "64MiB")
+
+        def staging(key):
+            return self.stats(mnt)["prefetch"]["disk_staging"][key]
+        wait_for(lambda: staging("before_first_read") == FILES - 3 and staging("objects") == 0,
+                 30, "the files the tier holds staged before any read")
+        self.assertEqual(self.stats(mnt)["prefetch"]["gets"], 0)
+        order = sorted(self.files)
+        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
+            f.write("".join(f"dt/{rel}\n" for rel in order))
+        wait_for(lambda: self.stats(mnt)["prefetch"]["gets"] == 3, 30,
+                 "the three planned files the tier lacks fetched from Redis")
+        for rel in order:
+            path = os.path.join(mnt, "dt", rel)
+            drop_page_cache(path)
+            with open(path, "rb") as f:
+                self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
+        stats = self.stats(mnt)
+        self.assertEqual(stats["redis_ops"]["gets"], 0)  # every file was in memory when read
+        self.assertEqual(stats["prefetch"]["reads"]["ready"], FILES)
+
     def test_disk_cache_page_cache_reads_every_file_through_the_page_cache(self):
         mnt = self.mount_with_tier()
         self.epoch(mnt, seed=1)
