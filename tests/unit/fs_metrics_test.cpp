@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -455,13 +457,15 @@ class Client {
     EXPECT_EQ(::send(fd_, data.data(), data.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(data.size()));
   }
-  // Everything the server sends until it closes.
-  std::string receive_all() {
+  // Everything the server sends until it closes. `reset_is_close`: a reset counts as the close
+  // (a server that closes a connection with bytes it has not read yet sends RST, not FIN).
+  std::string receive_all(bool reset_is_close = false) {
     std::string out;
     char buffer[4096];
     for (;;) {
       const ssize_t got = ::recv(fd_, buffer, sizeof buffer, 0);
-      EXPECT_GE(got, 0) << "no answer within 30 s";
+      if (got < 0 && reset_is_close && errno == ECONNRESET) return out;
+      EXPECT_GE(got, 0) << "no answer within 30 s: " << std::strerror(errno);
       if (got <= 0) return out;
       out.append(buffer, static_cast<size_t>(got));
     }
@@ -583,7 +587,9 @@ TEST_F(MetricsServerTest, StoppingDoesNotWaitForAStuckClient) {
     }
   }
   stopper.join();
-  EXPECT_EQ(stuck.receive_all(), "");
+  // Closed without an answer; with a reset when the server stopped before it read the partial
+  // request (seen under TSan in CI: ECONNRESET).
+  EXPECT_EQ(stuck.receive_all(/*reset_is_close=*/true), "");
 }
 
 }  // namespace
