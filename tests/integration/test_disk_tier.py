@@ -84,25 +84,35 @@ class DiskTierTest(DsfsTestCase):
         """Reads every file once in a shuffled order, from the daemon (not the page cache)."""
         names = sorted(self.files)
         random.Random(seed).shuffle(names)
+        self.read_checked(mnt, names)
+
+    def read_checked(self, mnt, names):
+        """Reads the files in this order from the daemon (not the page cache), checking each."""
         for rel in names:
             path = os.path.join(mnt, "dt", rel)
             drop_page_cache(path)
             with open(path, "rb") as f:
-                data = f.read()
-            self.assertTrue(data == self.files[rel], f"{rel} differs from the source")
+                self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
+
+    def write_plan(self, mnt, order):
+        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
+            f.write("".join(f"dt/{rel}\n" for rel in order))
 
     def planned_epoch(self, mnt, seed):
         """Writes a shuffled order (seed) to MOUNT/.dsfs/plan, then reads every file in it, from
         the daemon (not the page cache), checking its bytes."""
         order = sorted(self.files)
         random.Random(seed).shuffle(order)
-        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
-            f.write("".join(f"dt/{rel}\n" for rel in order))
-        for rel in order:
-            path = os.path.join(mnt, "dt", rel)
-            drop_page_cache(path)
-            with open(path, "rb") as f:
-                self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
+        self.write_plan(mnt, order)
+        self.read_checked(mnt, order)
+
+    def fill_tier(self):
+        """One epoch through a mount with the tier, every object written, then unmounted (the
+        index saved)."""
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=1)
+        self.wait_written(mnt, FILES)
+        self.umount(mnt)
 
     def wait_written(self, mnt, count):
         wait_for(lambda: self.stats(mnt)["disk_tier"]["writes"] >= count
@@ -128,10 +138,7 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(tier["writes_dropped"], 0)
 
     def test_a_remount_starts_warm_and_damaged_files_come_from_redis(self):
-        mnt = self.mount_with_tier()
-        self.epoch(mnt, seed=1)
-        self.wait_written(mnt, FILES)
-        self.umount(mnt)
+        self.fill_tier()
 
         objects = sorted(glob.glob(os.path.join(self.tier, "objects", "*", "*")))
         self.assertEqual(len(objects), FILES)
@@ -177,10 +184,7 @@ class DiskTierTest(DsfsTestCase):
         the tier before any read, as a steady epoch begins with the last one's files in memory:
         from disk only (no GET), within the cache's bound; the first epoch then reads them from
         memory, and every file is right."""
-        mnt = self.mount_with_tier()
-        self.epoch(mnt, seed=1)
-        self.wait_written(mnt, FILES)
-        self.umount(mnt)
+        self.fill_tier()
         mnt = self.mount("--cache-size", "2MiB", "--disk-cache", self.tier, "--disk-cache-size",
                          "64MiB")
         gets_before = self.redis_gets()  # after the mount's own (the catalogue's)
@@ -210,10 +214,7 @@ class DiskTierTest(DsfsTestCase):
     def test_a_plan_written_before_the_first_read_ends_the_warm_start(self):
         """The warm start stages only what the tier holds; a plan written before the first read
         ends it, and the engine fetches the planned files the tier lacks from Redis, ahead."""
-        mnt = self.mount_with_tier()
-        self.epoch(mnt, seed=1)
-        self.wait_written(mnt, FILES)
-        self.umount(mnt)
+        self.fill_tier()
         for path in sorted(glob.glob(os.path.join(self.tier, "objects", "*", "*")))[:3]:
             os.unlink(path)
         os.unlink(os.path.join(self.tier, "index"))  # listed again: the three are not there
@@ -226,16 +227,11 @@ class DiskTierTest(DsfsTestCase):
                  30, "the files the tier holds staged before any read")
         self.assertEqual(self.stats(mnt)["prefetch"]["gets"], 0)
         order = sorted(self.files)
-        with open(os.path.join(mnt, ".dsfs", "plan"), "w") as f:
-            f.write("".join(f"dt/{rel}\n" for rel in order))
+        self.write_plan(mnt, order)
         wait_for(lambda: self.stats(mnt)["prefetch"]["gets"] == 3
                  and self.stats(mnt)["prefetch"]["inflight"]["objects"] == 0, 30,
                  "the three planned files the tier lacks fetched from Redis")
-        for rel in order:
-            path = os.path.join(mnt, "dt", rel)
-            drop_page_cache(path)
-            with open(path, "rb") as f:
-                self.assertTrue(f.read() == self.files[rel], f"{rel} differs from the source")
+        self.read_checked(mnt, order)
         stats = self.stats(mnt)
         # Every file was in memory when read (or, had a reply been late, joined its fetch): no
         # reader fetched one itself.
@@ -244,10 +240,7 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(reads["ready"] + reads["joined"], FILES, reads)
 
     def test_disk_cache_page_cache_reads_every_file_through_the_page_cache(self):
-        mnt = self.mount_with_tier()
-        self.epoch(mnt, seed=1)
-        self.wait_written(mnt, FILES)
-        self.umount(mnt)
+        self.fill_tier()
         evict_from_page_cache(glob.glob(os.path.join(self.tier, "objects", "*", "*")))
         mnt = self.mount_with_tier("--disk-cache-page-cache")
         self.epoch(mnt, seed=2)
@@ -261,10 +254,7 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(stats["disk_tier"]["hits"], FILES)
 
     def test_a_reingested_dataset_is_served_its_new_bytes(self):
-        mnt = self.mount_with_tier()
-        self.epoch(mnt, seed=1)
-        self.wait_written(mnt, FILES)
-        self.umount(mnt)
+        self.fill_tier()
         self.files = self.write_source(seed=2)
         self.dsfs("ingest", self.src, "--dataset", "dt", "--progress", "none")
         mnt = self.mount_with_tier()
