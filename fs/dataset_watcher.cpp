@@ -27,7 +27,8 @@ DatasetWatcher::DatasetWatcher(MountTree& tree, store::Client& client, catalog::
       keys_(std::move(keys)),
       options_(std::move(options)),
       leases_(leases),
-      on_change_(std::move(on_change)) {}
+      on_change_(std::move(on_change)),
+      announced_(tree.listing()) {}
 
 DatasetWatcher::~DatasetWatcher() {
   stop();
@@ -57,10 +58,14 @@ void DatasetWatcher::poll_loop(std::stop_token stop) {
     }
     if (stop.stop_requested()) return;
     std::vector<std::string> changed;
+    uint64_t pass_number = 0;
+    std::shared_ptr<const MountTree::Listing> listing;
     try {
       MutexLock lock(pass_mutex_);
       int error = 0;
       changed = pass(nullptr, error);
+      pass_number = ++passes_;
+      listing = tree_.listing();
       MutexLock stats(stats_mutex_);
       if (failing_) spdlog::info("watching for dataset changes works again");
       failing_ = false;
@@ -77,17 +82,21 @@ void DatasetWatcher::poll_loop(std::stop_token stop) {
       }
       failing_ = true;
     }
-    if (!changed.empty()) on_change_(changed);
+    if (listing) announce(changed, pass_number, std::move(listing));
   }
 }
 
 int DatasetWatcher::refresh(const std::vector<std::string>& names) {
   const std::set<std::string> update(names.begin(), names.end());
   std::vector<std::string> changed;
+  uint64_t pass_number = 0;
+  std::shared_ptr<const MountTree::Listing> listing;
   int error = 0;
   try {
     MutexLock lock(pass_mutex_);
     changed = pass(&update, error);
+    pass_number = ++passes_;
+    listing = tree_.listing();
   } catch (const std::exception& e) {
     {
       MutexLock stats(stats_mutex_);
@@ -97,13 +106,30 @@ int DatasetWatcher::refresh(const std::vector<std::string>& names) {
                   store::log_text(e.what(), 400));
     return EIO;
   }
-  if (!changed.empty()) on_change_(changed);
+  announce(changed, pass_number, std::move(listing));
   return error;
+}
+
+void DatasetWatcher::announce(const std::vector<std::string>& changed, uint64_t pass_number,
+                              std::shared_ptr<const MountTree::Listing> listing) {
+  if (!changed.empty()) on_change_(changed);
+  MutexLock lock(stats_mutex_);
+  // A poll and a refresh may tell their listeners in either order; the later pass's listing
+  // stays.
+  if (pass_number > announced_pass_) {
+    announced_pass_ = pass_number;
+    announced_ = std::move(listing);
+  }
 }
 
 WatchStats DatasetWatcher::stats() const {
   MutexLock lock(stats_mutex_);
   return stats_;
+}
+
+std::shared_ptr<const MountTree::Listing> DatasetWatcher::announced_listing() const {
+  MutexLock lock(stats_mutex_);
+  return announced_;
 }
 
 std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* update, int& error) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -74,6 +75,11 @@ class DatasetWatcher {
   WatchStats stats() const;
   const WatchOptions& options() const { return options_; }
 
+  // The tree's listing as of the last pass whose listener has returned (at first, the tree's):
+  // what stats.json shows. A switch shows here only after the listener told the kernel to forget
+  // the old generation's names, so a path opened once stats show a generation reads that one.
+  std::shared_ptr<const MountTree::Listing> announced_listing() const;
+
  private:
   // Compares the tree with Redis and applies what changed; switches the datasets in `update`
   // (all of them when null and following updates). Returns the names whose listing changed.
@@ -85,6 +91,10 @@ class DatasetWatcher {
   bool list_current(const std::string& name, const prefetch::DatasetSnapshot* replacing)
       DSFS_REQUIRES(pass_mutex_);
   void drop_lease(const std::string& name, uint64_t generation) DSFS_REQUIRES(pass_mutex_);
+  // After pass number `pass_number` (whose listing was `listing`): tells the listener what
+  // changed, then makes `listing` the announced one unless a later pass's already is.
+  void announce(const std::vector<std::string>& changed, uint64_t pass_number,
+                std::shared_ptr<const MountTree::Listing> listing);
   void poll_loop(std::stop_token stop);
 
   MountTree& tree_;
@@ -97,11 +107,14 @@ class DatasetWatcher {
   Mutex pass_mutex_;
   // Generations that could not be served (damaged, a newer schema), warned about once each.
   std::map<std::string, uint64_t> skipped_ DSFS_GUARDED_BY(pass_mutex_);
+  uint64_t passes_ DSFS_GUARDED_BY(pass_mutex_) = 0;  // numbers the passes, in the tree's order
 
   mutable Mutex stats_mutex_;
   std::condition_variable_any wake_;  // waits on stats_mutex_: the poller's sleep
   WatchStats stats_ DSFS_GUARDED_BY(stats_mutex_);
   bool failing_ DSFS_GUARDED_BY(stats_mutex_) = false;  // the last poll failed (logged once)
+  std::shared_ptr<const MountTree::Listing> announced_ DSFS_GUARDED_BY(stats_mutex_);
+  uint64_t announced_pass_ DSFS_GUARDED_BY(stats_mutex_) = 0;
   std::jthread poller_;
 };
 

@@ -205,7 +205,8 @@ std::string Filesystem::metrics_text() const {
 }
 
 std::string Filesystem::render_snapshot(std::string (*render)(const StatsSources&)) const {
-  const std::shared_ptr<const MountTree::Listing> listing = tree_.listing();
+  // What the kernel was told: a switched dataset shows once its old names are invalidated.
+  const std::shared_ptr<const MountTree::Listing> listing = watcher_.announced_listing();
   const WatchStats watch = watcher_.stats();
   return render(StatsSources{
       .fs = counters_,

@@ -1,0 +1,121 @@
+// DatasetWatcher against a real redis-server: what stats.json is given to show (the announced
+// listing) follows a switch only once the change listener, which tells the kernel to forget the
+// old generation's names, has returned.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fs/dataset_watcher.h"
+#include "fs/mount.h"
+#include "fs/node.h"
+#include "src/catalog/catalog.h"
+#include "src/catalog/dataset.h"
+#include "src/catalog/keys.h"
+#include "src/store/client.h"
+#include "tests/unit/support/test_redis.h"
+
+namespace dsfs::fs {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr char kDataset[] = "ds";
+
+// Publishes a new generation of `ds` holding one file, f.bin = `content`; returns the generation.
+uint64_t publish(store::Client& client, const std::string& content) {
+  const catalog::KeySchema keys("dsfs");
+  const uint64_t generation = catalog::begin_generation(client, keys, kDataset);
+  catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 64 * 1024);
+  builder.add_file("f.bin", content.size(), 0, 0644, 1, catalog::kNoLabel,
+                   XXH64(content.data(), content.size(), 0), "");
+  client.command({"SET", keys.object(kDataset, generation, 1), content}).expect_ok("SET object");
+  catalog::DatasetInfo info;
+  info.name = kDataset;
+  info.generation = generation;
+  info.source = "fs_watcher_test";
+  catalog::publish(client, keys, info, std::move(builder).build());
+  return generation;
+}
+
+// The generation `listing` shows for `ds`; nullopt when it lists none.
+std::optional<uint64_t> generation_in(const MountTree& tree, const MountTree::Listing& listing) {
+  const auto found = listing.by_name.find(kDataset);
+  if (found == listing.by_name.end()) return std::nullopt;
+  return tree.dataset(found->second)->generation();
+}
+
+TEST(DatasetWatcher, ASwitchIsAnnouncedOnlyAfterTheListenerReturned) {
+  test::TestRedisServer redis;
+  store::Client client(std::vector{redis.endpoint()});
+  const uint64_t first = publish(client, "old bytes");
+  MountTree tree(load_datasets(client, catalog::KeySchema("dsfs"), {kDataset}));
+
+  std::atomic<DatasetWatcher*> watcher_seen{nullptr};
+  std::optional<uint64_t> announced_during;
+  std::optional<uint64_t> listed_during;
+  int calls = 0;
+  DatasetWatcher watcher(
+      tree, client, catalog::KeySchema("dsfs"), WatchOptions{.names = {}, .interval = 0ms}, nullptr,
+      [&](const std::vector<std::string>& names) {
+        ++calls;
+        EXPECT_EQ(names, std::vector<std::string>{kDataset});
+        // Where the kernel would still hold the old names: stats must not show the new one yet.
+        announced_during = generation_in(tree, *watcher_seen.load()->announced_listing());
+        listed_during = generation_in(tree, *tree.listing());
+      });
+  watcher_seen = &watcher;
+  EXPECT_EQ(generation_in(tree, *watcher.announced_listing()), first);
+
+  const uint64_t second = publish(client, "new bytes");
+  ASSERT_GT(second, first);
+  ASSERT_EQ(watcher.refresh({kDataset}), 0);
+  ASSERT_EQ(calls, 1);
+  EXPECT_EQ(listed_during, second);  // the tree switched before the listener was told
+  EXPECT_EQ(announced_during, first);
+  EXPECT_EQ(generation_in(tree, *watcher.announced_listing()), second);
+  EXPECT_EQ(watcher.stats().refreshed, 1u);
+}
+
+TEST(DatasetWatcher, APollThatFollowsUpdatesAnnouncesAfterTheListenerToo) {
+  test::TestRedisServer redis;
+  store::Client client(std::vector{redis.endpoint()});
+  const uint64_t first = publish(client, "old bytes");
+  MountTree tree(load_datasets(client, catalog::KeySchema("dsfs"), {kDataset}));
+
+  std::atomic<DatasetWatcher*> watcher_seen{nullptr};
+  std::atomic<bool> told{false};
+  std::optional<uint64_t> announced_during;
+  DatasetWatcher watcher(tree, client, catalog::KeySchema("dsfs"),
+                         WatchOptions{.names = {}, .interval = 20ms, .follow_updates = true},
+                         nullptr, [&](const std::vector<std::string>&) {
+                           // Held a while, as a kernel busy with the invalidation would: a
+                           // reader polling the stats meanwhile must still see the old one.
+                           std::this_thread::sleep_for(50ms);
+                           announced_during =
+                               generation_in(tree, *watcher_seen.load()->announced_listing());
+                           told = true;
+                         });
+  watcher_seen = &watcher;
+  watcher.start();
+  const uint64_t second = publish(client, "new bytes");
+
+  // Whatever moment the stats show the new generation, the listener has returned by then.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (generation_in(tree, *watcher.announced_listing()) != second) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the poll never switched";
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(told.load());
+  EXPECT_EQ(announced_during, first);
+  watcher.stop();
+}
+
+}  // namespace
+}  // namespace dsfs::fs
