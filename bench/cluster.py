@@ -664,7 +664,13 @@ def windows_line(case):
 
 
 def plot(results, path):
-    import matplotlib
+    """Writes the plot; where this Python has no matplotlib, logs so and leaves the JSON (plot it
+    later with `--report-only` and a Python that has it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log(f"no matplotlib in {sys.executable}: {path} not written")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     cfg = results["config"]

@@ -26,6 +26,9 @@
 #                                 files, kept until the run ends), results to $OUT
 #   bench/first_epoch_device.sh disk_tier_both [...]   the same with both bundles side by side
 #                                 (disk_tier.py --builds; labels after, before)
+#   bench/first_epoch_device.sh cluster [cluster.py options]   there: issue 12's bench/cluster.py
+#                                 (one server against a local Redis Cluster, proxies in front of
+#                                 every node at RTT > 0), results to $OUT, docs left alone
 #
 # The binaries run through wrappers that set LD_LIBRARY_PATH for them alone, so the machine's own
 # Python is not handed the bundle's libraries.
@@ -129,6 +132,12 @@ if [[ ${1:-} == disk_tier || ${1:-} == disk_tier_both ]]; then
   shift
   PYTHONUNBUFFERED=1 python3 "$repo/bench/disk_tier.py" "${tier_builds[@]}" \
     --data-dir "$work/data" --results-dir "$out" "$@" 2>&1 | tee -a "$out/disk_tier_device.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [[ ${1:-} == cluster ]]; then
+  shift
+  PYTHONUNBUFFERED=1 python3 "$repo/bench/cluster.py" --build "$work/build" \
+    --data-dir "$work/data" --results-dir "$out" --no-docs "$@" 2>&1 | tee -a "$out/cluster_device.log"
   exit "${PIPESTATUS[0]}"
 fi
 PYTHONUNBUFFERED=1 python3 "$repo/bench/first_epoch.py" --builds "$builds" --labels "$labels" \
