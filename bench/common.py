@@ -188,8 +188,8 @@ def mount_daemon_pid(mountpoint):
 
 
 def process_usage(pid):
-    """{"rss_bytes", "hwm_bytes", "cpu_s"} of a live process: VmRSS and VmHWM from
-    /proc/PID/status, user + system CPU seconds from /proc/PID/stat."""
+    """{"rss_bytes", "hwm_bytes", "cpu_s", "minor_faults"} of a live process: VmRSS and VmHWM
+    from /proc/PID/status, user + system CPU seconds and minor page faults from /proc/PID/stat."""
     usage = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -201,6 +201,7 @@ def process_usage(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     usage["cpu_s"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    usage["minor_faults"] = int(fields[7])  # minflt: pages the process touched for the first time
     # Context switches of its live threads (voluntary: it slept; nonvoluntary: preempted), and
     # each live thread's name and CPU seconds (dsfs names its own threads: fetch-N,
     # disk-write-N...; FUSE's workers keep the daemon's name), to find one that saturates.
