@@ -735,10 +735,11 @@ def sizing(results):
              and c["redis_cpu_us_per_get"] and (build is None or c.get("build") == build)]
     if not cases:
         return None
+    rates = [x for x in (both_epochs(results, "single", 0, r, build)
+                         for r in results["config"]["readers"] if r != "plan") if x]
+    # None where only the plan reader ran: its epochs are not what an unplanned loader reads.
     return {"cpu_us_per_get": median([c["redis_cpu_us_per_get"] for c in cases]),
-            "files_per_s": median([x for x in (both_epochs(results, "single", 0, r, build)
-                                               for r in results["config"]["readers"]
-                                               if r != "plan") if x])}
+            "files_per_s": median(rates) if rates else None}
 
 
 def sizing_table(cpu_us_per_get, gpus_per_node=8, images_per_gpu=1800, object_bytes=110e3,
@@ -946,9 +947,11 @@ def markdown(results, name):
     s = sizing(results)
     if s:
         results["sizing"] = s
-        lines += ["", f"Sizing figures measured here (one server, 0 ms): "
-                      f"{s['files_per_s']:,.0f} files/s through one mount on this 2-CPU "
-                      f"machine; Redis CPU {s['cpu_us_per_get']:.1f} µs per GET of a "
+        mount_rate = (f"{s['files_per_s']:,.0f} files/s through one mount on this "
+                      f"{results['machine']['cpus']}-CPU machine; "
+                      if s["files_per_s"] else "")
+        lines += ["", f"Sizing figures measured here (one server, 0 ms): {mount_rate}"
+                      f"Redis CPU {s['cpu_us_per_get']:.1f} µs per GET of a "
                       f"{ds['mean_file_bytes'] / 1e3:.0f} KB object "
                       f"(redis-server utime + stime / cmdstat_get calls).", ""]
         lines += sizing_markdown(s["cpu_us_per_get"], ds["mean_file_bytes"])
