@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+// The hash states' layouts, so that digest_of_header keeps them on the stack.
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include <algorithm>
@@ -105,9 +107,21 @@ uint64_t digest_of(uint32_t version, const void* data, size_t size) {
 }
 
 uint64_t digest_of_header(const Header& header, std::string_view name) {
-  std::string bytes(reinterpret_cast<const char*>(&header), offsetof(Header, header_digest));
-  bytes += name;
-  return digest_of(header.version, bytes.data(), bytes.size());
+  // The bytes before header_digest, then the name: hashed in two steps (the same digest as of the
+  // two joined), so that a read allocates nothing for it.
+  const size_t head = offsetof(Header, header_digest);
+  if (header.version == kVersionXxh64) {
+    XXH64_state_t state;
+    XXH64_reset(&state, 0);
+    XXH64_update(&state, &header, head);
+    XXH64_update(&state, name.data(), name.size());
+    return XXH64_digest(&state);
+  }
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, &header, head);
+  XXH3_64bits_update(&state, name.data(), name.size());
+  return XXH3_64bits_digest(&state);
 }
 
 uint64_t round_up(uint64_t value, uint64_t granule) {
