@@ -51,12 +51,16 @@ std::optional<uint64_t> generation_in(const MountTree& tree, const MountTree::Li
   return tree.dataset(found->second)->generation();
 }
 
-TEST(DatasetWatcher, ASwitchIsAnnouncedOnlyAfterTheListenerReturned) {
+// A redis-server with generation 1 of `ds` published, and a mount tree listing it.
+class DatasetWatcherTest : public ::testing::Test {
+ protected:
   test::TestRedisServer redis;
-  store::Client client(std::vector{redis.endpoint()});
+  store::Client client{std::vector{redis.endpoint()}};
   const uint64_t first = publish(client, "old bytes");
-  MountTree tree(load_datasets(client, catalog::KeySchema("dsfs"), {kDataset}));
+  MountTree tree{load_datasets(client, catalog::KeySchema("dsfs"), {kDataset})};
+};
 
+TEST_F(DatasetWatcherTest, ASwitchIsAnnouncedOnlyAfterTheListenerReturned) {
   std::atomic<DatasetWatcher*> watcher_seen{nullptr};
   std::optional<uint64_t> announced_during;
   std::optional<uint64_t> listed_during;
@@ -83,12 +87,7 @@ TEST(DatasetWatcher, ASwitchIsAnnouncedOnlyAfterTheListenerReturned) {
   EXPECT_EQ(watcher.stats().refreshed, 1u);
 }
 
-TEST(DatasetWatcher, APollThatFollowsUpdatesAnnouncesAfterTheListenerToo) {
-  test::TestRedisServer redis;
-  store::Client client(std::vector{redis.endpoint()});
-  const uint64_t first = publish(client, "old bytes");
-  MountTree tree(load_datasets(client, catalog::KeySchema("dsfs"), {kDataset}));
-
+TEST_F(DatasetWatcherTest, APollThatFollowsUpdatesAnnouncesAfterTheListenerToo) {
   std::atomic<DatasetWatcher*> watcher_seen{nullptr};
   std::atomic<bool> told{false};
   std::optional<uint64_t> announced_during;
