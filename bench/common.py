@@ -113,12 +113,12 @@ class Proxy:
         # Real-time priority keeps releases on time on a busy machine; at 0-1 ms it would
         # only cost throughput (bench/proxy_accuracy.py).
         realtime = ["--realtime"] if rtt_ms >= 10 and os.geteuid() == 0 else []
-        # One proxy thread copies about 1.5 GB/s of replies held 100 ms: on 16 CPUs the readers
-        # outran it (docs/benchmarks.md). A thread per 4 CPUs, at most 4; none added on 2 CPUs,
-        # so figures there stay comparable (and builds before --threads still run).
+        # One thread: on 16 CPUs it carried 13,417 files/s at 100 ms with 2,048 GETs outstanding
+        # at 51 us of CPU each (0.7 of a CPU), four threads 10,968 and varied more
+        # (docs/benchmarks.md, "what one Redis serves with many GETs outstanding").
+        # DSFS_BENCH_PROXY_THREADS sets another count.
         if threads is None:
-            threads = int(os.environ.get("DSFS_BENCH_PROXY_THREADS",
-                                         min(4, max(1, (os.cpu_count() or 1) // 4))))
+            threads = int(os.environ.get("DSFS_BENCH_PROXY_THREADS", 1))
         more = ["--threads", str(threads)] if threads > 1 else []
         with open(os.path.join(workdir, "proxy.log"), "a") as log_file:
             self.proc = subprocess.Popen(

@@ -354,9 +354,10 @@ void register_proxy_command(CLI::App& app, cli::GlobalOptions& global) {
       ->check(CLI::Range(size_t{1}, size_t{4096}))
       ->capture_default_str();
   sub->add_option("--threads", state->threads,
-                  "Threads forwarding bytes, each serving its share of the connections: one "
-                  "copies about 1.5 GB/s of replies held 100 ms, which a many-core reader can "
-                  "outrun. Above 1 only without --rate and without fault injection")
+                  "Threads forwarding bytes, each serving its share of the connections, for a "
+                  "path where one thread runs out of CPU (one carried 1.5 GB/s of replies held "
+                  "100 ms on 0.7 of a CPU). Above 1 only without --rate and without fault "
+                  "injection")
       ->check(CLI::Range(size_t{1}, size_t{64}))
       ->capture_default_str();
   sub->add_option("--port-file", state->port_file,
