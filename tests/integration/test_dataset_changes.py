@@ -64,9 +64,10 @@ class DatasetChangeTest(DsfsTestCase):
         self.assertEqual(sorted(os.listdir(os.path.join(mnt, ".meta"))), ["first", "second"])
         info = json.loads(self.read(os.path.join(mnt, ".meta", "second", "info.json")))
         self.assertEqual(info["name"], "second")
-        stats = self.stats(mnt)
-        self.assertEqual(stats["watch"]["added"], 1)
-        self.assertEqual(sorted(stats["datasets"]), ["first", "second"])
+        # The stats show a change once the kernel was told of it, just after the mount serves it.
+        wait_for(lambda: sorted(self.stats(mnt)["datasets"]) == ["first", "second"], DEADLINE,
+                 "the stats to list 'second'")
+        self.assertEqual(self.stats(mnt)["watch"]["added"], 1)
 
         # The mount holds a lease on what it serves, so removing it takes --force.
         refused = self.dsfs("rm", "second", "--yes", check=False)
@@ -77,9 +78,9 @@ class DatasetChangeTest(DsfsTestCase):
                  "dataset 'second' to vanish from the mount")
         self.assertEqual(self.datasets_in(mnt), ["first"])
         self.assertEqual(sorted(os.listdir(os.path.join(mnt, ".meta"))), ["first"])
-        stats = self.stats(mnt)
-        self.assertEqual(stats["watch"]["removed"], 1)
-        self.assertEqual(sorted(stats["datasets"]), ["first"])
+        wait_for(lambda: sorted(self.stats(mnt)["datasets"]) == ["first"], DEADLINE,
+                 "the stats to list 'first' alone")
+        self.assertEqual(self.stats(mnt)["watch"]["removed"], 1)
         # The other dataset is untouched.
         self.assertEqual(len(self.read(os.path.join(mnt, "first", "x", "a.bin"))), 1000)
 
