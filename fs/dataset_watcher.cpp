@@ -57,15 +57,10 @@ void DatasetWatcher::poll_loop(std::stop_token stop) {
       wake_.wait_for(lock, stop, options_.interval, [] { return false; });
     }
     if (stop.stop_requested()) return;
-    std::vector<std::string> changed;
-    uint64_t pass_number = 0;
-    std::shared_ptr<const MountTree::Listing> listing;
+    PassResult result;
     try {
-      MutexLock lock(pass_mutex_);
       int error = 0;
-      changed = pass(nullptr, error);
-      pass_number = ++passes_;
-      listing = tree_.listing();
+      run_pass(nullptr, error, result);
       MutexLock stats(stats_mutex_);
       if (failing_) spdlog::info("watching for dataset changes works again");
       failing_ = false;
@@ -82,21 +77,16 @@ void DatasetWatcher::poll_loop(std::stop_token stop) {
       }
       failing_ = true;
     }
-    if (listing) announce(changed, pass_number, std::move(listing));
+    announce(result);
   }
 }
 
 int DatasetWatcher::refresh(const std::vector<std::string>& names) {
   const std::set<std::string> update(names.begin(), names.end());
-  std::vector<std::string> changed;
-  uint64_t pass_number = 0;
-  std::shared_ptr<const MountTree::Listing> listing;
+  PassResult result;
   int error = 0;
   try {
-    MutexLock lock(pass_mutex_);
-    changed = pass(&update, error);
-    pass_number = ++passes_;
-    listing = tree_.listing();
+    run_pass(&update, error, result);
   } catch (const std::exception& e) {
     {
       MutexLock stats(stats_mutex_);
@@ -104,21 +94,37 @@ int DatasetWatcher::refresh(const std::vector<std::string>& names) {
     }
     spdlog::error("refresh failed: cannot read the datasets from {}: {}", client_.describe(),
                   store::log_text(e.what(), 400));
+    announce(result);  // what the pass changed before it failed
     return EIO;
   }
-  announce(changed, pass_number, std::move(listing));
+  announce(result);
   return error;
 }
 
-void DatasetWatcher::announce(const std::vector<std::string>& changed, uint64_t pass_number,
-                              std::shared_ptr<const MountTree::Listing> listing) {
-  if (!changed.empty()) on_change_(changed);
+void DatasetWatcher::run_pass(const std::set<std::string>* update, int& error, PassResult& result) {
+  MutexLock lock(pass_mutex_);
+  // Numbered, with the tree's listing, whether or not the pass got to its end: a pass that
+  // failed midway (Redis went away) may have changed the tree already.
+  struct Seal {
+    DatasetWatcher& watcher;
+    PassResult& result;
+    ~Seal() {
+      result.number = ++watcher.passes_;
+      result.listing = watcher.tree_.listing();
+    }
+  } seal{*this, result};
+  pass(update, error, result.changed);
+}
+
+void DatasetWatcher::announce(PassResult& result) {
+  if (!result.listing) return;
+  if (!result.changed.empty()) on_change_(result.changed);
   MutexLock lock(stats_mutex_);
   // A poll and a refresh may tell their listeners in either order; the later pass's listing
   // stays.
-  if (pass_number > announced_pass_) {
-    announced_pass_ = pass_number;
-    announced_ = std::move(listing);
+  if (result.number > announced_pass_) {
+    announced_pass_ = result.number;
+    announced_ = std::move(result.listing);
   }
 }
 
@@ -132,10 +138,10 @@ std::shared_ptr<const MountTree::Listing> DatasetWatcher::announced_listing() co
   return announced_;
 }
 
-std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* update, int& error) {
+void DatasetWatcher::pass(const std::set<std::string>* update, int& error,
+                          std::vector<std::string>& changed) {
   const std::vector<std::string> published_list = catalog::list_datasets(client_, keys_);
   const std::set<std::string> published(published_list.begin(), published_list.end());
-  std::vector<std::string> changed;
   WatchStats counted;
 
   // Removed: unlisted at once. Files open under them keep what the cache holds; other reads
@@ -233,7 +239,6 @@ std::vector<std::string> DatasetWatcher::pass(const std::set<std::string>* updat
   stats_.added += counted.added;
   stats_.removed += counted.removed;
   stats_.refreshed += counted.refreshed;
-  return changed;
 }
 
 bool DatasetWatcher::list_current(const std::string& name,

@@ -81,20 +81,29 @@ class DatasetWatcher {
   std::shared_ptr<const MountTree::Listing> announced_listing() const;
 
  private:
+  // A pass's outcome: the names whose listing it changed, its number and the tree's listing
+  // after it (null until it ran).
+  struct PassResult {
+    std::vector<std::string> changed;
+    uint64_t number = 0;
+    std::shared_ptr<const MountTree::Listing> listing;
+  };
   // Compares the tree with Redis and applies what changed; switches the datasets in `update`
-  // (all of them when null and following updates). Returns the names whose listing changed.
-  // Throws store errors when Redis cannot be reached.
-  std::vector<std::string> pass(const std::set<std::string>* update, int& error)
+  // (all of them when null and following updates). Appends each name whose listing it changed to
+  // `changed` as it goes, so that a pass that throws midway (store errors when Redis cannot be
+  // reached) still says what it changed.
+  void pass(const std::set<std::string>* update, int& error, std::vector<std::string>& changed)
       DSFS_REQUIRES(pass_mutex_);
+  // One pass under pass_mutex_, numbered and its listing taken even when it throws (rethrown).
+  void run_pass(const std::set<std::string>* update, int& error, PassResult& result);
   // Loads and pins the current generation of `name` and lists it. False (logged) if it cannot
   // be served; store errors propagate.
   bool list_current(const std::string& name, const prefetch::DatasetSnapshot* replacing)
       DSFS_REQUIRES(pass_mutex_);
   void drop_lease(const std::string& name, uint64_t generation) DSFS_REQUIRES(pass_mutex_);
-  // After pass number `pass_number` (whose listing was `listing`): tells the listener what
-  // changed, then makes `listing` the announced one unless a later pass's already is.
-  void announce(const std::vector<std::string>& changed, uint64_t pass_number,
-                std::shared_ptr<const MountTree::Listing> listing);
+  // After a pass that ran (finished or not): tells the listener what it changed, then makes its
+  // listing the announced one unless a later pass's already is.
+  void announce(PassResult& result);
   void poll_loop(std::stop_token stop);
 
   MountTree& tree_;

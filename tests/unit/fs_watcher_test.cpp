@@ -28,16 +28,18 @@ using namespace std::chrono_literals;
 
 constexpr char kDataset[] = "ds";
 
-// Publishes a new generation of `ds` holding one file, f.bin = `content`; returns the generation.
-uint64_t publish(store::Client& client, const std::string& content) {
+// Publishes a new generation of dataset `name` holding one file, f.bin = `content`; returns the
+// generation.
+uint64_t publish(store::Client& client, const std::string& content,
+                 const std::string& name = kDataset) {
   const catalog::KeySchema keys("dsfs");
-  const uint64_t generation = catalog::begin_generation(client, keys, kDataset);
+  const uint64_t generation = catalog::begin_generation(client, keys, name);
   catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 64 * 1024);
   builder.add_file("f.bin", content.size(), 0, 0644, 1, catalog::kNoLabel,
                    XXH64(content.data(), content.size(), 0), "");
-  client.command({"SET", keys.object(kDataset, generation, 1), content}).expect_ok("SET object");
+  client.command({"SET", keys.object(name, generation, 1), content}).expect_ok("SET object");
   catalog::DatasetInfo info;
-  info.name = kDataset;
+  info.name = name;
   info.generation = generation;
   info.source = "fs_watcher_test";
   catalog::publish(client, keys, info, std::move(builder).build());
@@ -114,6 +116,38 @@ TEST_F(DatasetWatcherTest, APollThatFollowsUpdatesAnnouncesAfterTheListenerToo) 
   EXPECT_TRUE(told.load());
   EXPECT_EQ(announced_during, first);
   watcher.stop();
+}
+
+TEST(DatasetWatcherFailingPass, WhatAPassChangedBeforeItFailedIsStillAnnounced) {
+  test::TestRedisServer redis;
+  store::Client client(std::vector{redis.endpoint()});
+  const catalog::KeySchema keys("dsfs");
+  publish(client, "a", "gone");
+  publish(client, "b", "keep");
+  MountTree tree(load_datasets(client, keys, {}));
+  std::vector<std::string> told;
+  DatasetWatcher watcher(tree, client, keys, WatchOptions{.names = {}, .interval = 0ms}, nullptr,
+                         [&](const std::vector<std::string>& names) {
+                           told.insert(told.end(), names.begin(), names.end());
+                         });
+
+  // 'gone' removed (a pass unlists it first), then a dataset 'later' whose info the mount may
+  // not read: the pass fails on it with an error reply after it unlisted 'gone'.
+  client.command({"SREM", keys.datasets(), "gone"}).expect_ok("SREM");
+  client.command({"DEL", keys.info("gone")}).expect_ok("DEL");
+  client.command({"SADD", keys.datasets(), "later"}).expect_ok("SADD");
+  client.command({"HSET", keys.info("later"), "generation", "1"}).expect_ok("HSET");
+  client
+      .command({"ACL", "SETUSER", "default", "resetkeys", "~" + keys.datasets(), "~dsfs:{keep}*",
+                "~dsfs:{gone}*", "%W~dsfs:{later}*"})
+      .expect_ok("ACL SETUSER");
+
+  EXPECT_EQ(watcher.refresh({}), EIO);
+  ASSERT_EQ(tree.listing()->by_name.count("gone"), 0u) << "the pass did not unlist it first";
+  // The kernel is told of the name the failed pass unlisted, and the stats stop showing it.
+  EXPECT_EQ(told, std::vector<std::string>{"gone"});
+  EXPECT_EQ(watcher.announced_listing()->by_name.count("gone"), 0u);
+  EXPECT_EQ(watcher.announced_listing()->by_name.count("keep"), 1u);
 }
 
 }  // namespace
