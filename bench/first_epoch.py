@@ -18,6 +18,8 @@ order from run to run):
            python: 8 threads, a shuffled order, `open(p, "rb").read()` per file (open, fstat,
                    read to EOF, close: what PIL and most loaders do); page cache dropped first;
                    the plan mode writes the order to M/.dsfs/plan before the clock starts
+           processes: the same in 8 forked processes (as DataLoader workers are), no GIL
+                   shared between them (not in the default --readers)
   figures  files/s, the daemon's CPU per file and RSS (VmRSS at the end, VmHWM), its CPU per
            thread name (fetch-N, disk-write-N, ...; FUSE's workers keep the daemon's name) and
            its busiest thread's CPU as a share of the epoch (near 100%: that thread bounds the
@@ -57,14 +59,17 @@ JOBS = 8
 MODES = OrderedDict([("off", {"prefetch": "off", "plan": False}),
                      ("auto", {"prefetch": "auto", "plan": False}),
                      ("plan", {"prefetch": "auto", "plan": True})])
-READERS = ("c", "python")
+READERS = ("c", "python", "processes")
+DEFAULT_READERS = ("c", "python")
 
 # A fresh interpreter per epoch; prints the files read and the seconds taken. argv: root, seed,
-# plan file or "" (no plan), threads, seconds after which the epoch is cut.
+# plan file or "" (no plan), readers, seconds after which the epoch is cut, "threads" or
+# "processes" (forked after the list is read, each writing its count to a pipe).
 PY_READER = r"""
 import os, random, sys, threading, time
 root, seed, plan, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 limit = float(sys.argv[5])
+forked = sys.argv[6] == "processes"
 files = [l for l in sys.stdin.read().split("\n") if l]
 random.Random(seed).shuffle(files)
 if plan:
@@ -83,10 +88,34 @@ def reader(i):
             done[i] += 1
     except OSError as e:
         errors.append(e)
-workers = [threading.Thread(target=reader, args=(i,)) for i in range(threads)]
 start = time.perf_counter()
-for t in workers: t.start()
-for t in workers: t.join()
+if forked:
+    children = []
+    for i in range(threads):
+        out, into = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(out)
+                reader(i)
+                os.write(into, f"{done[i]} {len(errors)}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(into)
+        children.append((pid, out))
+    for pid, out in children:
+        text = os.read(out, 100).decode().split()
+        os.waitpid(pid, 0)
+        if len(text) != 2 or text[1] != "0":
+            errors.append(f"reader process {pid} failed")
+        else:
+            done.append(int(text[0]))
+else:
+    workers = [threading.Thread(target=reader, args=(i,)) for i in range(threads)]
+    for t in workers: t.start()
+    for t in workers: t.join()
 elapsed = time.perf_counter() - start
 if errors: sys.exit(f"read failed: {errors[0]}")
 print(sum(done), elapsed)
@@ -215,7 +244,8 @@ class Bench:
                 plan = os.path.join(self.mnt, ".dsfs", "plan") if spec["plan"] else ""
                 res = subprocess.run(
                     self.counted([sys.executable, "-c", PY_READER, root, str(seed), plan,
-                                  str(JOBS), str(self.args.epoch_seconds)]),
+                                  str(JOBS), str(self.args.epoch_seconds),
+                                  "processes" if reader == "processes" else "threads"]),
                     input="\n".join(self.paths), text=True, capture_output=True,
                     timeout=max(600, 20 * self.args.epoch_seconds))
                 if res.returncode != 0:
@@ -511,7 +541,8 @@ def main():
     p.add_argument("--caches", default=None,
                    help="cache sizes, percent of the data (25,100,200; --quick 100)")
     p.add_argument("--modes", default=",".join(MODES), help="off,auto,plan")
-    p.add_argument("--readers", default=",".join(READERS), help="c,python")
+    p.add_argument("--readers", default=",".join(DEFAULT_READERS),
+                   help="c,python (and processes: the Python reader in forked processes)")
     p.add_argument("--epoch-seconds", type=int, default=20,
                    help="cut an epoch after this long (20)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
