@@ -143,6 +143,17 @@ void DatasetWatcher::pass(const std::set<std::string>* update, int& error,
   const std::vector<std::string> published_list = catalog::list_datasets(client_, keys_);
   const std::set<std::string> published(published_list.begin(), published_list.end());
   WatchStats counted;
+  // Added to the stats when the pass ends, also when it fails midway: what it changed stays.
+  struct AddCounts {
+    DatasetWatcher& watcher;
+    const WatchStats& counted;
+    ~AddCounts() {
+      MutexLock lock(watcher.stats_mutex_);
+      watcher.stats_.added += counted.added;
+      watcher.stats_.removed += counted.removed;
+      watcher.stats_.refreshed += counted.refreshed;
+    }
+  } add_counts{*this, counted};
 
   // Removed: unlisted at once. Files open under them keep what the cache holds; other reads
   // find the keys gone and fail with EIO.
@@ -236,9 +247,6 @@ void DatasetWatcher::pass(const std::set<std::string>* update, int& error,
   }
   stats_.pending = std::move(pending);
   ++stats_.polls;
-  stats_.added += counted.added;
-  stats_.removed += counted.removed;
-  stats_.refreshed += counted.refreshed;
 }
 
 bool DatasetWatcher::list_current(const std::string& name,

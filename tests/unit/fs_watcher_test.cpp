@@ -148,6 +148,7 @@ TEST(DatasetWatcherFailingPass, WhatAPassChangedBeforeItFailedIsStillAnnounced) 
   EXPECT_EQ(told, std::vector<std::string>{"gone"});
   EXPECT_EQ(watcher.announced_listing()->by_name.count("gone"), 0u);
   EXPECT_EQ(watcher.announced_listing()->by_name.count("keep"), 1u);
+  EXPECT_EQ(watcher.stats().removed, 1u);
 }
 
 }  // namespace
