@@ -103,17 +103,23 @@ int DatasetWatcher::refresh(const std::vector<std::string>& names) {
 
 void DatasetWatcher::run_pass(const std::set<std::string>* update, int& error, PassResult& result) {
   MutexLock lock(pass_mutex_);
-  // Numbered, with the tree's listing, whether or not the pass got to its end: a pass that
-  // failed midway (Redis went away) may have changed the tree already.
-  struct Seal {
-    DatasetWatcher& watcher;
-    PassResult& result;
-    ~Seal() {
-      result.number = ++watcher.passes_;
-      result.listing = watcher.tree_.listing();
-    }
-  } seal{*this, result};
-  pass(update, error, result.changed);
+  // Whether or not the pass got to its end (Redis may go away midway), what it changed stays
+  // changed: it is numbered, its listing taken and its changes counted either way.
+  const auto seal = [&] {
+    result.number = ++passes_;
+    result.listing = tree_.listing();
+    MutexLock stats(stats_mutex_);
+    stats_.added += result.counted.added;
+    stats_.removed += result.counted.removed;
+    stats_.refreshed += result.counted.refreshed;
+  };
+  try {
+    pass(update, error, result);
+  } catch (...) {
+    seal();
+    throw;
+  }
+  seal();
 }
 
 void DatasetWatcher::announce(PassResult& result) {
@@ -138,22 +144,11 @@ std::shared_ptr<const MountTree::Listing> DatasetWatcher::announced_listing() co
   return announced_;
 }
 
-void DatasetWatcher::pass(const std::set<std::string>* update, int& error,
-                          std::vector<std::string>& changed) {
+void DatasetWatcher::pass(const std::set<std::string>* update, int& error, PassResult& result) {
   const std::vector<std::string> published_list = catalog::list_datasets(client_, keys_);
   const std::set<std::string> published(published_list.begin(), published_list.end());
-  WatchStats counted;
-  // Added to the stats when the pass ends, also when it fails midway: what it changed stays.
-  struct AddCounts {
-    DatasetWatcher& watcher;
-    const WatchStats& counted;
-    ~AddCounts() {
-      MutexLock lock(watcher.stats_mutex_);
-      watcher.stats_.added += counted.added;
-      watcher.stats_.removed += counted.removed;
-      watcher.stats_.refreshed += counted.refreshed;
-    }
-  } add_counts{*this, counted};
+  std::vector<std::string>& changed = result.changed;
+  WatchStats& counted = result.counted;
 
   // Removed: unlisted at once. Files open under them keep what the cache holds; other reads
   // find the keys gone and fail with EIO.

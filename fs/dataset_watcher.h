@@ -81,20 +81,22 @@ class DatasetWatcher {
   std::shared_ptr<const MountTree::Listing> announced_listing() const;
 
  private:
-  // A pass's outcome: the names whose listing it changed, its number and the tree's listing
-  // after it (null until it ran).
+  // A pass's outcome: the names whose listing it changed and how (added, removed, refreshed),
+  // its number and the tree's listing after it (null until it ran).
   struct PassResult {
     std::vector<std::string> changed;
+    WatchStats counted;
     uint64_t number = 0;
     std::shared_ptr<const MountTree::Listing> listing;
   };
   // Compares the tree with Redis and applies what changed; switches the datasets in `update`
-  // (all of them when null and following updates). Appends each name whose listing it changed to
-  // `changed` as it goes, so that a pass that throws midway (store errors when Redis cannot be
-  // reached) still says what it changed.
-  void pass(const std::set<std::string>* update, int& error, std::vector<std::string>& changed)
+  // (all of them when null and following updates). Records each change in `result` as it makes
+  // it, so that a pass that throws midway (store errors when Redis cannot be reached) still says
+  // what it changed.
+  void pass(const std::set<std::string>* update, int& error, PassResult& result)
       DSFS_REQUIRES(pass_mutex_);
-  // One pass under pass_mutex_, numbered and its listing taken even when it throws (rethrown).
+  // One pass under pass_mutex_, numbered, its listing taken and its changes counted in the stats
+  // even when it throws (rethrown).
   void run_pass(const std::set<std::string>* update, int& error, PassResult& result);
   // Loads and pins the current generation of `name` and lists it. False (logged) if it cannot
   // be served; store errors propagate.
