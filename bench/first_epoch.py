@@ -105,13 +105,13 @@ if forked:
                 os._exit(code)
         os.close(into)
         children.append((pid, out))
-    for pid, out in children:
+    for i, (pid, out) in enumerate(children):
         text = os.read(out, 100).decode().split()
         os.waitpid(pid, 0)
         if len(text) != 2 or text[1] != "0":
             errors.append(f"reader process {pid} failed")
         else:
-            done.append(int(text[0]))
+            done[i] = int(text[0])
 else:
     workers = [threading.Thread(target=reader, args=(i,)) for i in range(threads)]
     for t in workers: t.start()
