@@ -105,21 +105,22 @@ void DatasetWatcher::run_pass(const std::set<std::string>* update, int& error, P
   MutexLock lock(pass_mutex_);
   // Whether or not the pass got to its end (Redis may go away midway), what it changed stays
   // changed: it is numbered, its listing taken and its changes counted either way.
-  const auto seal = [&] {
-    result.number = ++passes_;
-    result.listing = tree_.listing();
-    MutexLock stats(stats_mutex_);
-    stats_.added += result.counted.added;
-    stats_.removed += result.counted.removed;
-    stats_.refreshed += result.counted.refreshed;
-  };
   try {
     pass(update, error, result);
   } catch (...) {
-    seal();
+    seal(result);
     throw;
   }
-  seal();
+  seal(result);
+}
+
+void DatasetWatcher::seal(PassResult& result) {
+  result.number = ++passes_;
+  result.listing = tree_.listing();
+  MutexLock stats(stats_mutex_);
+  stats_.added += result.counted.added;
+  stats_.removed += result.counted.removed;
+  stats_.refreshed += result.counted.refreshed;
 }
 
 void DatasetWatcher::announce(PassResult& result) {

@@ -98,6 +98,8 @@ class DatasetWatcher {
   // One pass under pass_mutex_, numbered, its listing taken and its changes counted in the stats
   // even when it throws (rethrown).
   void run_pass(const std::set<std::string>* update, int& error, PassResult& result);
+  // Numbers a pass that ran (finished or not), takes its listing and adds its changes to the stats.
+  void seal(PassResult& result) DSFS_REQUIRES(pass_mutex_);
   // Loads and pins the current generation of `name` and lists it. False (logged) if it cannot
   // be served; store errors propagate.
   bool list_current(const std::string& name, const prefetch::DatasetSnapshot* replacing)
