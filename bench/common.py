@@ -48,7 +48,25 @@ def machine_info():
     with open("/proc/meminfo") as f:
         mem_kb = int(f.readline().split()[1])
     return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem_kb / 2**20, 1),
-            "kernel": platform.release(), "date": datetime.date.today().isoformat()}
+            "kernel": platform.release(), "date": datetime.date.today().isoformat(),
+            "proxy_threads": proxy_threads(), "redis_io_threads": redis_io_threads()}
+
+
+def proxy_threads():
+    """Threads of the `dsfs proxy` the scripts start: 1 unless DSFS_BENCH_PROXY_THREADS says."""
+    return int(os.environ.get("DSFS_BENCH_PROXY_THREADS", 1))
+
+
+def redis_io_threads():
+    """`io-threads` of RedisServer (not cluster.py's servers): 1, Redis's default
+    (one thread reads requests and writes replies), unless DSFS_BENCH_REDIS_IO_THREADS says. More
+    threads write the replies of many clients in parallel, for a server with CPUs to spare."""
+    return int(os.environ.get("DSFS_BENCH_REDIS_IO_THREADS", 1))
+
+
+def redis_io_threads_args():
+    threads = redis_io_threads()
+    return ["--io-threads", str(threads)] if threads > 1 else []
 
 
 def load_average():
@@ -91,7 +109,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", workdir,
-             "--logfile", os.path.join(workdir, "redis.log")],
+             "--logfile", os.path.join(workdir, "redis.log"), *redis_io_threads_args()],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_socket(self.sock, self.proc, "redis-server")
 
@@ -118,7 +136,7 @@ class Proxy:
         # (docs/benchmarks.md, "what one Redis serves with many GETs outstanding").
         # DSFS_BENCH_PROXY_THREADS sets another count.
         if threads is None:
-            threads = int(os.environ.get("DSFS_BENCH_PROXY_THREADS", 1))
+            threads = proxy_threads()
         more = ["--threads", str(threads)] if threads > 1 else []
         with open(os.path.join(workdir, "proxy.log"), "a") as log_file:
             self.proc = subprocess.Popen(
