@@ -179,6 +179,7 @@ nlohmann::ordered_json disk_tier_json(const std::optional<prefetch::DiskTierStat
           {"page_cache_reads", t.page_cache_reads},
           {"direct_reads", t.direct_reads},
           {"evictions", t.evictions},
+          {"files_reused", t.files_reused},
           {"too_large", t.too_large},
           {"queued_bytes", t.queued_bytes},
           {"stale_temp_files", t.stale_temp_files},

@@ -755,16 +755,37 @@ void DiskTier::rebuild_index() {
                    : "");
 }
 
-void DiskTier::erase_locked(FileId id) {
+bool DiskTier::forget_locked(const FileId& id) {
   const auto it = index_.find(id);
-  if (it == index_.end()) return;
+  if (it == index_.end()) return false;
   stats_.bytes_used -= it->second.bytes;
   (it->second.read_this_epoch ? read_this_epoch_ : lru_).erase(it->second.lru);
   index_.erase(it);
   stats_.entries = index_.size();
+  return true;
+}
+
+void DiskTier::erase_locked(FileId id) {
+  if (!forget_locked(id)) return;
   if (::unlink(path_of(id).c_str()) != 0 && errno != ENOENT) {
     spdlog::debug("disk cache: cannot remove {}: {}", path_of(id).string(), std::strerror(errno));
   }
+}
+
+bool DiskTier::recycle_locked(FileId victim, const std::filesystem::path& temp) {
+  if (!forget_locked(victim)) return false;
+  const std::filesystem::path from = path_of(victim);
+  if (::rename(from.c_str(), temp.c_str()) == 0) return true;
+  if (errno == ENOENT && std::filesystem::exists(from)) {
+    // The new file's subdirectory is new (or was removed under us).
+    std::error_code ignored;
+    std::filesystem::create_directories(temp.parent_path(), ignored);
+    if (::rename(from.c_str(), temp.c_str()) == 0) return true;
+  }
+  if (::unlink(from.c_str()) != 0 && errno != ENOENT) {
+    spdlog::debug("disk cache: cannot remove {}: {}", from.string(), std::strerror(errno));
+  }
+  return false;
 }
 
 DiskTier::FileId DiskTier::victim_locked() {
@@ -811,11 +832,19 @@ void DiskTier::note_generation_locked(uint64_t dataset, uint64_t generation) {
 }
 
 void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::string& why,
-                        bool checksum) {
+                        bool checksum, int fd) {
+  // The file read is no longer the one under its name: it was evicted and taken over by a write
+  // (then what was read can be another object's bytes), and the name may hold a new copy since.
+  struct stat read_file_stat {};
+  struct stat named_file_stat {};
+  const bool replaced = fd >= 0 && ::fstat(fd, &read_file_stat) == 0 &&
+                        (::stat(path_of(id).c_str(), &named_file_stat) != 0 ||
+                         named_file_stat.st_ino != read_file_stat.st_ino ||
+                         named_file_stat.st_dev != read_file_stat.st_dev);
   std::lock_guard lock(mutex_);
   ++stats_.misses;
   // Evicted (or dropped by another reader) since this read looked: nothing wrong with the disk.
-  if (!index_.contains(id)) return;
+  if (replaced || !index_.contains(id)) return;
   ++(checksum ? stats_.checksum_failures : stats_.read_errors);
   spdlog::warn(
       "disk cache: dropped {} (object {} chunk {} of {} generation {}): {}; read from Redis",
@@ -871,7 +900,7 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
              static_cast<uint64_t>(got) > expected
                  ? fmt::format("the file has more than the {} bytes expected", expected)
                  : fmt::format("the file has {} bytes, {} expected", got, expected),
-             true);
+             true, fd.get());
     return nullptr;
   }
   const size_t head_size = kHeaderBytes + key.dataset.size();
@@ -883,12 +912,12 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
       header.generation != key.generation || header.object_id != key.object_id ||
       header.chunk != key.chunk || name != key.dataset ||
       header.header_digest != digest_of_header(header, name)) {
-    drop_bad(id, key.dataset, "its header does not match the object", true);
+    drop_bad(id, key.dataset, "its header does not match the object", true, fd.get());
     return nullptr;
   }
   const char* payload = block.get() + head_size;
   if (digest_of(header.version, payload, length) != header.payload_digest) {
-    drop_bad(id, key.dataset, "its payload fails its checksum", true);
+    drop_bad(id, key.dataset, "its payload fails its checksum", true, fd.get());
     return nullptr;
   }
   {
@@ -1052,24 +1081,35 @@ void DiskTier::write_one(const Write& write) {
   std::string head(reinterpret_cast<const char*>(&header), kHeaderBytes);
   head += write.dataset;
   const uint64_t bytes = on_disk_bytes(head.size() + payload.size());
+  const std::filesystem::path path = path_of(id);
+  const std::filesystem::path temp = path.string() + std::string(kTempSuffix);
   {
     // Room first, so the bound holds while the file is written too (and while the other
     // writers write theirs: their bytes are reserved).
     std::lock_guard lock(mutex_);
     note_generation_locked(id.dataset, id.generation);
+    // The first file evicted becomes this one (renamed to its temporary name, then truncated and
+    // rewritten): a full tier writes without creating and deleting an inode per object, which on
+    // an ext4 without a journal costs a walk past every inode deleted in the last minute.
+    bool recycled = false;
     while (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes &&
            !index_.empty()) {
-      erase_locked(victim_locked());
+      const FileId victim = victim_locked();
+      if (recycled) {
+        erase_locked(victim);
+      } else {
+        recycled = recycle_locked(victim, temp);
+        stats_.files_reused += recycled ? 1 : 0;
+      }
       ++stats_.evictions;
     }
     if (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes) {
       ++stats_.writes_dropped;  // the rest of the tier is being written by the other writers
+      if (recycled) ::unlink(temp.c_str());
       return;
     }
     reserved_bytes_ += bytes;
   }
-  const std::filesystem::path path = path_of(id);
-  const std::filesystem::path temp = path.string() + std::string(kTempSuffix);
   int error = 0;
   {
     UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));

@@ -87,7 +87,8 @@ struct DiskTierStats {
   uint64_t direct_reads = 0;
   bool direct_io = false;  // O_DIRECT reads are on (asked for, and the filesystem allows them)
   uint64_t evictions = 0;
-  uint64_t too_large = 0;  // objects larger than the whole tier: not written
+  uint64_t files_reused = 0;  // evictions whose file (its inode) a write took over
+  uint64_t too_large = 0;     // objects larger than the whole tier: not written
   uint64_t queued_bytes = 0;
   uint64_t stale_temp_files = 0;  // half-written files of a killed daemon, removed at open
   bool index_loaded = false;      // the open read DIR/index instead of listing the objects
@@ -129,19 +130,21 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 
 // A directory of object files, one per object: DIR/objects/XX/NAME, NAME = the key's fields and
 // the file's size, holds a header (magic, version, the full key, payload length and XXH3, the
-// header's own XXH3; XXH64 in version 1 files, still read) then the payload. Written as NAME.tmp and renamed, so a killed writer
-// leaves only temp files, removed at the next open. The index (key -> size, LRU order) lives in
-// memory. A clean close saves it as DIR/index, which the next open reads (and removes at once, so
-// that a daemon killed later leaves none that would miss its writes); without a whole one the
-// index is rebuilt from the directory listing alone (names carry the sizes; the order of use is
-// lost).
-// No payload is read either way: the first read of each file checks it. A read is one pread of
-// the whole file, with O_DIRECT unless the page cache holds the file (DiskTierOptions). An flock on
-// DIR/lock keeps a second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is
-// epoch-aware, like the RAM cache's: objects of a generation older than the newest one seen of
-// the same dataset go first, then objects read this epoch (oldest read first), then the others
-// (least recently used first). new_epoch() comes from the prefetch engine, which tells epochs
-// apart; without it (--prefetch off) every object counts as read this epoch, which is plain LRU.
+// header's own XXH3; XXH64 in version 1 files, still read) then the payload. Written as NAME.tmp
+// and renamed, so a killed writer leaves only temp files, removed at the next open. A write into a
+// full tier takes over the first file it evicts (renamed to its NAME.tmp, then rewritten): no
+// inode created or freed. The index (key
+// -> size, LRU order) lives in memory. A clean close saves it as DIR/index, which the next open
+// reads (and removes at once, so that a daemon killed later leaves none that would miss its
+// writes); without a whole one the index is rebuilt from the directory listing alone (names carry
+// the sizes; the order of use is lost). No payload is read either way: the first read of each file
+// checks it. A read is one pread of the whole file, with O_DIRECT unless the page cache holds the
+// file (DiskTierOptions). An flock on DIR/lock keeps a second mount out. Bounded: bytes_used <=
+// capacity_bytes. Eviction is epoch-aware, like the RAM cache's: objects of a generation older than
+// the newest one seen of the same dataset go first, then objects read this epoch (oldest read
+// first), then the others (least recently used first). new_epoch() comes from the prefetch engine,
+// which tells epochs apart; without it (--prefetch off) every object counts as read this epoch,
+// which is plain LRU.
 //
 // Thread safety: get(), put(), flush() and stats() may be called from any thread at once (FUSE
 // workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
@@ -257,6 +260,11 @@ class DiskTier {
   // Drops `id` from the index and unlinks its file; mutex_ held.
   // By value: callers pass a list's front, which the erase frees.
   void erase_locked(FileId id);
+  // Drops `id` from the index, leaving its file; false when the index lacks it. mutex_ held.
+  bool forget_locked(const FileId& id);
+  // Evicts `victim` by renaming its file to `temp` for a write to reuse (true); where that fails
+  // the file is removed (false). mutex_ held.
+  bool recycle_locked(FileId victim, const std::filesystem::path& temp);
   // The next object to evict (index_ not empty); mutex_ held.
   FileId victim_locked();
   // Moves an entry to the end of lru_ or read_this_epoch_; mutex_ held.
@@ -268,8 +276,11 @@ class DiskTier {
   bool read_directly(int fd, uint64_t file_size);
   // Direct reads are not possible here (`why`): every later read goes through the page cache.
   void turn_direct_io_off(const char* why);
-  // Drops an entry whose file did not check out: logs one line, counts it.
-  void drop_bad(const FileId& id, std::string_view dataset, const std::string& why, bool checksum);
+  // Drops an entry whose file did not check out: logs one line, counts it. Not when it was
+  // evicted meanwhile, or when `fd` (the file read, if given) is no longer the file under its
+  // name: a write took it over.
+  void drop_bad(const FileId& id, std::string_view dataset, const std::string& why, bool checksum,
+                int fd = -1);
 
   const DiskTierOptions options_;
   const std::filesystem::path objects_dir_;

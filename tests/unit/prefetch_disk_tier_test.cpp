@@ -480,6 +480,43 @@ TEST_F(DiskTierTest, OlderGenerationsGoFirst) {
   EXPECT_EQ(tier->get(key(2, 1), 4000), nullptr);
 }
 
+// A full tier writes each object into the file it evicts (the same inode), rather than deleting
+// one file and creating another. The evicted file is held open so that its inode number cannot
+// come back by chance through a delete and a create.
+TEST_F(DiskTierTest, AFullTierWritesIntoTheFileItEvicts) {
+  auto tier = open(4 * 4096);
+  fill(*tier, 1, 4, 4000);
+  const int held = ::open(tier->path_of(key(1), 4000).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(held, 0) << std::strerror(errno);
+  struct stat evicted {};
+  ASSERT_EQ(::fstat(held, &evicted), 0);
+  fill(*tier, 5, 1, 3900);  // one block, evicting 1 (read this epoch first, the oldest)
+  struct stat written {};
+  ASSERT_EQ(::stat(tier->path_of(key(5), 3900).c_str(), &written), 0) << std::strerror(errno);
+  EXPECT_EQ(written.st_ino, evicted.st_ino);
+  ::close(held);
+  EXPECT_EQ(tier->get(key(1), 4000), nullptr);
+  EXPECT_EQ(bytes_of(tier->get(key(5), 3900)), test::pattern_bytes(3900, 5));
+  for (uint64_t i = 2; i <= 4; ++i) {
+    EXPECT_EQ(bytes_of(tier->get(key(i), 4000)),
+              test::pattern_bytes(4000, static_cast<unsigned>(i)));
+  }
+  // A smaller object into a larger file: truncated to its own size (a read finds any byte more).
+  fill(*tier, 6, 1, 100);
+  EXPECT_EQ(bytes_of(tier->get(key(6), 100)), test::pattern_bytes(100, 6));
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.evictions, 2u);
+  EXPECT_EQ(stats.files_reused, 2u);
+  EXPECT_EQ(stats.checksum_failures, 0u);
+  EXPECT_EQ(stats.entries, 4u);
+  EXPECT_LE(files_bytes(dir_.path() / "tier"), 4 * 4096u);
+  size_t temp_files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir_.path() / "tier")) {
+    temp_files += entry.path().string().ends_with(".tmp") ? 1 : 0;
+  }
+  EXPECT_EQ(temp_files, 0u);
+}
+
 TEST_F(DiskTierTest, AReopenWithASmallerSizeEvictsDownToIt) {
   {
     auto tier = open();
