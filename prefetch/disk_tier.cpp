@@ -1083,36 +1083,48 @@ void DiskTier::write_one(const Write& write) {
   const uint64_t bytes = on_disk_bytes(head.size() + payload.size());
   const std::filesystem::path path = path_of(id);
   const std::filesystem::path temp = path.string() + std::string(kTempSuffix);
+  uint64_t reused_size = 0;  // of the evicted file this write took over, if any
   {
     // Room first, so the bound holds while the file is written too (and while the other
     // writers write theirs: their bytes are reserved).
     std::lock_guard lock(mutex_);
     note_generation_locked(id.dataset, id.generation);
-    // The first file evicted becomes this one (renamed to its temporary name, then truncated and
-    // rewritten): a full tier writes without creating and deleting an inode per object, which on
-    // an ext4 without a journal costs a walk past every inode deleted in the last minute.
-    bool recycled = false;
+    // The first file evicted becomes this one (renamed to its temporary name, then rewritten):
+    // a full tier writes without creating and deleting an inode per object, which on an ext4
+    // without a journal costs a walk past every inode deleted in the last minute.
     while (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes &&
            !index_.empty()) {
       const FileId victim = victim_locked();
-      if (recycled) {
+      if (reused_size > 0) {
         erase_locked(victim);
-      } else {
-        recycled = recycle_locked(victim, temp);
-        stats_.files_reused += recycled ? 1 : 0;
+      } else if (recycle_locked(victim, temp)) {
+        reused_size = std::max<uint64_t>(victim.file_size, 1);
+        ++stats_.files_reused;
       }
       ++stats_.evictions;
     }
     if (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes) {
       ++stats_.writes_dropped;  // the rest of the tier is being written by the other writers
-      if (recycled) ::unlink(temp.c_str());
+      if (reused_size > 0) ::unlink(temp.c_str());
       return;
     }
     reserved_bytes_ += bytes;
   }
   int error = 0;
   {
-    UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    // A file taken over is overwritten in place, not truncated to nothing first: ext4 flushes a
+    // file truncated to zero and rewritten at its close (auto_da_alloc), so the writer would
+    // start its writeback itself. Cut at a page boundary below the new size first, so that no
+    // page is half overwritten (a read of the old page before the write).
+    const uint64_t new_size = head.size() + payload.size();
+    const uint64_t whole_pages = new_size / 4096 * 4096;
+    UniqueFd fd(::open(
+        temp.c_str(),
+        reused_size > 0 ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (fd.get() >= 0 && reused_size > whole_pages &&
+        ::ftruncate(fd.get(), static_cast<off_t>(whole_pages)) != 0) {
+      error = errno;
+    }
     if (fd.get() < 0 && errno == ENOENT) {
       // Its subdirectory is new (or was removed under us).
       std::error_code ignored;
@@ -1121,7 +1133,7 @@ void DiskTier::write_one(const Write& write) {
     }
     if (fd.get() < 0) {
       error = errno;
-    } else {
+    } else if (error == 0) {
       error = write_all(fd.get(), head.data(), head.size());
       if (error == 0) error = write_all(fd.get(), payload.data(), payload.size());
       const int close_error = fd.close();

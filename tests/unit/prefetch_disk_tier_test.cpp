@@ -481,35 +481,37 @@ TEST_F(DiskTierTest, OlderGenerationsGoFirst) {
 }
 
 // A full tier writes each object into the file it evicts (the same inode), rather than deleting
-// one file and creating another. The evicted file is held open so that its inode number cannot
-// come back by chance through a delete and a create.
+// one file and creating another; what it writes there is the new object whole, whether the file
+// was larger or smaller. The evicted file is held open so that its inode number cannot come back
+// by chance through a delete and a create.
 TEST_F(DiskTierTest, AFullTierWritesIntoTheFileItEvicts) {
-  auto tier = open(4 * 4096);
-  fill(*tier, 1, 4, 4000);
-  const int held = ::open(tier->path_of(key(1), 4000).c_str(), O_RDONLY | O_CLOEXEC);
+  constexpr uint64_t kCapacity = 12 * 4096;
+  auto tier = open(kCapacity);
+  fill(*tier, 1, 4, 10000);  // three blocks each, with the header: full
+  const int held = ::open(tier->path_of(key(1), 10000).c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(held, 0) << std::strerror(errno);
   struct stat evicted {};
   ASSERT_EQ(::fstat(held, &evicted), 0);
-  fill(*tier, 5, 1, 3900);  // one block, evicting 1 (read this epoch first, the oldest)
+  fill(*tier, 5, 1, 9000);  // smaller, evicting 1 (read this epoch first, the oldest)
   struct stat written {};
-  ASSERT_EQ(::stat(tier->path_of(key(5), 3900).c_str(), &written), 0) << std::strerror(errno);
+  ASSERT_EQ(::stat(tier->path_of(key(5), 9000).c_str(), &written), 0) << std::strerror(errno);
   EXPECT_EQ(written.st_ino, evicted.st_ino);
   ::close(held);
-  EXPECT_EQ(tier->get(key(1), 4000), nullptr);
-  EXPECT_EQ(bytes_of(tier->get(key(5), 3900)), test::pattern_bytes(3900, 5));
-  for (uint64_t i = 2; i <= 4; ++i) {
-    EXPECT_EQ(bytes_of(tier->get(key(i), 4000)),
-              test::pattern_bytes(4000, static_cast<unsigned>(i)));
-  }
-  // A smaller object into a larger file: truncated to its own size (a read finds any byte more).
-  fill(*tier, 6, 1, 100);
-  EXPECT_EQ(bytes_of(tier->get(key(6), 100)), test::pattern_bytes(100, 6));
+  fill(*tier, 6, 1, 11500);  // larger, evicting 2
+  fill(*tier, 7, 1, 3000);   // one block, evicting 3
+  // A read finds any byte more or less than the object's file should hold.
+  EXPECT_EQ(bytes_of(tier->get(key(5), 9000)), test::pattern_bytes(9000, 5));
+  EXPECT_EQ(bytes_of(tier->get(key(6), 11500)), test::pattern_bytes(11500, 6));
+  EXPECT_EQ(bytes_of(tier->get(key(7), 3000)), test::pattern_bytes(3000, 7));
+  EXPECT_EQ(bytes_of(tier->get(key(4), 10000)), test::pattern_bytes(10000, 4));
+  for (uint64_t i = 1; i <= 3; ++i) EXPECT_EQ(tier->get(key(i), 10000), nullptr) << i;
   const DiskTierStats stats = tier->stats();
-  EXPECT_EQ(stats.evictions, 2u);
-  EXPECT_EQ(stats.files_reused, 2u);
+  EXPECT_EQ(stats.evictions, 3u);
+  EXPECT_EQ(stats.files_reused, 3u);
   EXPECT_EQ(stats.checksum_failures, 0u);
+  EXPECT_EQ(stats.read_errors, 0u);
   EXPECT_EQ(stats.entries, 4u);
-  EXPECT_LE(files_bytes(dir_.path() / "tier"), 4 * 4096u);
+  EXPECT_LE(files_bytes(dir_.path() / "tier"), kCapacity);
   size_t temp_files = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir_.path() / "tier")) {
     temp_files += entry.path().string().ends_with(".tmp") ? 1 : 0;
