@@ -281,10 +281,15 @@ class DiskTierTest(DsfsTestCase):
         tier = self.stats(mnt)["disk_tier"]
         self.assertLessEqual(tier["bytes_used"], 2 << 20)
         self.assertGreater(tier["evictions"], 0)
+        # Writes into the full tier took over the files they evicted.
+        self.assertGreater(tier["files_reused"], 0)
         on_disk = sum(os.path.getsize(p)
                       for p in glob.glob(os.path.join(self.tier, "objects", "*", "*")))
         self.assertLessEqual(on_disk, 2 << 20)
-        self.epoch(mnt, seed=2)  # still right
+        self.epoch(mnt, seed=2)  # still right, from files written into others' places too
+        tier = self.stats(mnt)["disk_tier"]
+        self.assertGreater(tier["hits"], 0)
+        self.assertEqual(tier["checksum_failures"], 0)
 
     def test_prefetching_on_still_serves_the_right_bytes(self):
         # The engine's prefetches race the demand path's tier reads and writes.
