@@ -133,18 +133,17 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // header's own XXH3; XXH64 in version 1 files, still read) then the payload. Written as NAME.tmp
 // and renamed, so a killed writer leaves only temp files, removed at the next open. A write into a
 // full tier takes over the first file it evicts (renamed to its NAME.tmp, then rewritten): no
-// inode created or freed. The index (key
-// -> size, LRU order) lives in memory. A clean close saves it as DIR/index, which the next open
-// reads (and removes at once, so that a daemon killed later leaves none that would miss its
-// writes); without a whole one the index is rebuilt from the directory listing alone (names carry
-// the sizes; the order of use is lost). No payload is read either way: the first read of each file
-// checks it. A read is one pread of the whole file, with O_DIRECT unless the page cache holds the
-// file (DiskTierOptions). An flock on DIR/lock keeps a second mount out. Bounded: bytes_used <=
-// capacity_bytes. Eviction is epoch-aware, like the RAM cache's: objects of a generation older than
-// the newest one seen of the same dataset go first, then objects read this epoch (oldest read
-// first), then the others (least recently used first). new_epoch() comes from the prefetch engine,
-// which tells epochs apart; without it (--prefetch off) every object counts as read this epoch,
-// which is plain LRU.
+// inode created or freed. The index (key -> size, LRU order) lives in memory. A clean close saves
+// it as DIR/index, which the next open reads (and removes at once, so that a daemon killed later
+// leaves none that would miss its writes); without a whole one the index is rebuilt from the
+// directory listing alone (names carry the sizes; the order of use is lost). No payload is read
+// either way: the first read of each file checks it. A read is one pread of the whole file, with
+// O_DIRECT unless the page cache holds the file (DiskTierOptions). An flock on DIR/lock keeps a
+// second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is epoch-aware, like the RAM
+// cache's: objects of a generation older than the newest one seen of the same dataset go first,
+// then objects read this epoch (oldest read first), then the others (least recently used first).
+// new_epoch() comes from the prefetch engine, which tells epochs apart; without it (--prefetch off)
+// every object counts as read this epoch, which is plain LRU.
 //
 // Thread safety: get(), put(), flush() and stats() may be called from any thread at once (FUSE
 // workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
