@@ -208,7 +208,7 @@ class PrefetchEngine {
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
   void abandon(const Fetch& fetch, const std::string& why);
   bool active_locked(std::chrono::steady_clock::time_point now) const;
-  // Whether the disk tier holds at least 90% of a sample of the dataset's files.
+  // Whether the disk tier holds at least half of a sample of the dataset's files.
   bool tier_holds_most_of(uint32_t dataset) const;
   // The warm start (start()): stages the datasets the tier holds until the first read.
   void warm_from_disk_tier();

@@ -211,6 +211,34 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(self.redis_gets(), gets_before)  # every file from the tier
         self.assertEqual(stats["disk_tier"]["checksum_failures"], 0)
 
+    def test_a_tier_smaller_than_the_dataset_starts_warm_too(self):
+        """A tier that holds about three quarters of the dataset (it evicted as it was written)
+        still fills the memory cache before the first read, from disk only; the epoch after
+        reads every file right, those the tier lacks from Redis."""
+        mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
+                         "--disk-cache-size", "4608KiB")
+        self.epoch(mnt, seed=1)
+        wait_for(lambda: self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
+                 "the write-behind queue to drain")
+        tier = self.stats(mnt)["disk_tier"]
+        self.assertGreater(tier["evictions"], 0)
+        self.assertLess(tier["entries"], FILES * 0.9)  # below what a warm start needed before
+        self.assertGreaterEqual(tier["entries"], FILES * 0.5)
+        self.umount(mnt)
+        mnt = self.mount("--cache-size", "2MiB", "--disk-cache", self.tier, "--disk-cache-size",
+                         "4608KiB")
+        gets_before = self.redis_gets()
+        wait_for(lambda: self.stats(mnt)["prefetch"]["disk_staging"].get("before_first_read", 0)
+                 >= 5, 30, "the cache filled from the tier before any read")
+        stats = self.stats(mnt)
+        self.assertEqual(stats["prefetch"]["gets"] + stats["redis_ops"]["gets"], 0)
+        self.assertEqual(self.redis_gets(), gets_before)
+        self.assertEqual(stats["files_read"], 0)
+        self.epoch(mnt, seed=2)
+        stats = self.stats(mnt)
+        self.assertGreater(stats["prefetch"]["reads"]["ready"], 0)
+        self.assertEqual(stats["disk_tier"]["checksum_failures"], 0)
+
     def test_a_plan_written_before_the_first_read_ends_the_warm_start(self):
         """The warm start stages only what the tier holds; a plan written before the first read
         ends it, and the engine fetches the planned files the tier lacks from Redis, ahead."""
