@@ -14,7 +14,7 @@ Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a pr
 redis-server (unix socket, no persistence) and frees the tmpfs copy. 0 ms = the server's socket;
 other RTTs = `dsfs proxy --rtt` in front of it. For every RTT, mode (`none`: no tier; `disk`:
 `--disk-cache` on a fresh directory under --disk-dir, sized to the dataset + 1% + 4 KiB per file
-+ 16 MiB) and reader, a fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan)
++ 16 MiB; --tier-fraction F sizes it to F of that + 16 MiB, a tier that evicts) and reader, a fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan)
 reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's files included):
 
 - c: one `dsfs bench MOUNT/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches --seed S+E
@@ -305,7 +305,8 @@ class Bench:
         tier_size = None
         if mode == "disk":
             self.tier_dir = tempfile.mkdtemp(prefix="dsfs-tier-", dir=a.disk_dir)
-            tier_size = int(self.dataset["bytes"] * 1.01) + 4096 * self.dataset["files"] + (16 << 20)
+            f = a.tier_fraction
+            tier_size = int(f * (self.dataset["bytes"] * 1.01 + 4096 * self.dataset["files"])) + (16 << 20)
             args += ["--disk-cache", self.tier_dir, "--disk-cache-size", tier_size]
         args += shlex.split(a.mount_options)
         t0 = time.perf_counter()
@@ -482,6 +483,9 @@ def main():
     p.add_argument("--report-only", action="store_true",
                    help="measure nothing: redraw the plot from NAME.json")
     p.add_argument("--epochs", type=int, default=None, help="epochs per mount (3; --quick 2)")
+    p.add_argument("--tier-fraction", type=float, default=1.0,
+                   help="the tier's size as a fraction of what holds the whole dataset (1: all; "
+                        "below 1 it evicts as it is written)")
     p.add_argument("--epoch-seconds", type=int, default=None,
                    help="cut an epoch after this long (40; --quick 10)")
     p.add_argument("--modes", default=",".join(MODES), help="none,disk")
