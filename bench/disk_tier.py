@@ -14,8 +14,8 @@ Synthesizes an ImageNet-like dataset (`dsfs synth`, tmpfs), ingests it into a pr
 redis-server (unix socket, no persistence) and frees the tmpfs copy. 0 ms = the server's socket;
 other RTTs = `dsfs proxy --rtt` in front of it. For every RTT, mode (`none`: no tier; `disk`:
 `--disk-cache` on a fresh directory under --disk-dir, sized to the dataset + 1% + 4 KiB per file
-+ 16 MiB; --tier-fraction F sizes it to F of that + 16 MiB, a tier that evicts) and reader, a fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan)
-reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's files included):
++ 16 MiB; --tier-fraction F sizes it to F of that + 16 MiB, a tier that evicts) and reader, a
+fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan) reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's files included):
 
 - c: one `dsfs bench MOUNT/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches --seed S+E
   --duration EPOCH_SECONDS` per epoch;
@@ -305,8 +305,8 @@ class Bench:
         tier_size = None
         if mode == "disk":
             self.tier_dir = tempfile.mkdtemp(prefix="dsfs-tier-", dir=a.disk_dir)
-            f = a.tier_fraction
-            tier_size = int(f * (self.dataset["bytes"] * 1.01 + 4096 * self.dataset["files"])) + (16 << 20)
+            whole = self.dataset["bytes"] * 1.01 + 4096 * self.dataset["files"]
+            tier_size = int(a.tier_fraction * whole) + (16 << 20)
             args += ["--disk-cache", self.tier_dir, "--disk-cache-size", tier_size]
         args += shlex.split(a.mount_options)
         t0 = time.perf_counter()

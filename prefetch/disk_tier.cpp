@@ -1083,7 +1083,7 @@ void DiskTier::write_one(const Write& write) {
   const uint64_t bytes = on_disk_bytes(head.size() + payload.size());
   const std::filesystem::path path = path_of(id);
   const std::filesystem::path temp = path.string() + std::string(kTempSuffix);
-  uint64_t reused_size = 0;  // of the evicted file this write took over, if any
+  std::optional<uint64_t> reused_size;  // of the evicted file this write took over, if any
   {
     // Room first, so the bound holds while the file is written too (and while the other
     // writers write theirs: their bytes are reserved).
@@ -1095,17 +1095,17 @@ void DiskTier::write_one(const Write& write) {
     while (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes &&
            !index_.empty()) {
       const FileId victim = victim_locked();
-      if (reused_size > 0) {
+      if (reused_size) {
         erase_locked(victim);
       } else if (recycle_locked(victim, temp)) {
-        reused_size = std::max<uint64_t>(victim.file_size, 1);
+        reused_size = victim.file_size;
         ++stats_.files_reused;
       }
       ++stats_.evictions;
     }
     if (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes) {
       ++stats_.writes_dropped;  // the rest of the tier is being written by the other writers
-      if (reused_size > 0) ::unlink(temp.c_str());
+      if (reused_size) ::unlink(temp.c_str());
       return;
     }
     reserved_bytes_ += bytes;
@@ -1117,11 +1117,11 @@ void DiskTier::write_one(const Write& write) {
     // start its writeback itself. Cut at a page boundary below the new size first, so that no
     // page is half overwritten (a read of the old page before the write).
     const uint64_t new_size = head.size() + payload.size();
-    const uint64_t whole_pages = new_size / 4096 * 4096;
+    const uint64_t whole_pages = new_size / kBlock * kBlock;
     UniqueFd fd(::open(
-        temp.c_str(),
-        reused_size > 0 ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (fd.get() >= 0 && reused_size > whole_pages &&
+        temp.c_str(), reused_size ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+        0600));
+    if (fd.get() >= 0 && reused_size && *reused_size > whole_pages &&
         ::ftruncate(fd.get(), static_cast<off_t>(whole_pages)) != 0) {
       error = errno;
     }

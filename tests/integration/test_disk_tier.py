@@ -114,6 +114,10 @@ class DiskTierTest(DsfsTestCase):
         self.wait_written(mnt, FILES)
         self.umount(mnt)
 
+    def wait_drained(self, mnt):
+        wait_for(lambda: self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
+                 "the write-behind queue to drain")
+
     def wait_written(self, mnt, count):
         wait_for(lambda: self.stats(mnt)["disk_tier"]["writes"] >= count
                  and self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
@@ -218,8 +222,7 @@ class DiskTierTest(DsfsTestCase):
         mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
                          "--disk-cache-size", "4608KiB")
         self.epoch(mnt, seed=1)
-        wait_for(lambda: self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
-                 "the write-behind queue to drain")
+        self.wait_drained(mnt)
         tier = self.stats(mnt)["disk_tier"]
         self.assertGreater(tier["evictions"], 0)
         self.assertLess(tier["entries"], FILES * 0.9)  # below what a warm start needed before
@@ -304,8 +307,7 @@ class DiskTierTest(DsfsTestCase):
         mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
                          "--disk-cache-size", "2MiB")
         self.epoch(mnt, seed=1)
-        wait_for(lambda: self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
-                 "the write-behind queue to drain")
+        self.wait_drained(mnt)
         tier = self.stats(mnt)["disk_tier"]
         self.assertLessEqual(tier["bytes_used"], 2 << 20)
         self.assertGreater(tier["evictions"], 0)
@@ -408,8 +410,7 @@ class DiskTierTest(DsfsTestCase):
             mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", tier,
                              "--disk-cache-size", "64MiB")
             self.epoch(mnt, seed=1)
-            wait_for(lambda: self.stats(mnt)["disk_tier"]["queued_bytes"] == 0, 30,
-                     "the write-behind queue to drain")
+            self.wait_drained(mnt)
             self.epoch(mnt, seed=2)
             stats = self.stats(mnt)
             self.assertGreater(stats["disk_tier"]["write_errors"], 0)  # ENOSPC
