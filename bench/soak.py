@@ -8,8 +8,13 @@ Writes bench/results/soak.json (the checks, totals and a timeline, one sample a 
 bench/results/soak.png (the daemon's RSS, descriptors and threads over time; files read and
 errors per second; faults injected). Exit 1 if a check failed.
 
-    nice -n 10 bench/soak.py [--minutes 10] [--verify] [--build build] [--out bench/results]
-    bench/soak.py --replot      # redraw soak.png from soak.json
+    nice -n 10 bench/soak.py [--minutes 10] [--verify] [--disk-cache] [--build build]
+                             [--out bench/results] [--name soak]
+    bench/soak.py --replot      # redraw NAME.png from NAME.json
+
+--disk-cache runs the CI test's disk-tier variant (test_soak_with_a_disk_tier): a --disk-cache
+smaller than the dataset, whose files are damaged (a byte flipped, cut short, removed) ten
+times a second while the readers read; the tier's checks are added to the others.
 """
 import argparse
 import json
@@ -35,8 +40,13 @@ def parse_args():
                         help="build directory holding the dsfs binary")
     parser.add_argument("--out", default=os.path.join(HERE, "results"),
                         help="where soak.json and soak.png go")
+    parser.add_argument("--disk-cache", action="store_true",
+                        help="mount with a disk tier smaller than the dataset, damaged while "
+                             "the readers read")
+    parser.add_argument("--name", default="soak",
+                        help="results are NAME.json and NAME.png (default soak)")
     parser.add_argument("--replot", action="store_true",
-                        help="only redraw soak.png from the soak.json in --out")
+                        help="only redraw NAME.png from the NAME.json in --out")
     return parser.parse_args()
 
 
@@ -93,8 +103,8 @@ def plot(result, path):
 def main():
     args = parse_args()
     if args.replot:
-        with open(os.path.join(args.out, "soak.json")) as f:
-            plot(json.load(f), os.path.join(args.out, "soak.png"))
+        with open(os.path.join(args.out, f"{args.name}.json")) as f:
+            plot(json.load(f), os.path.join(args.out, f"{args.name}.png"))
         return 0
     os.environ.setdefault("DSFS_BIN", os.path.abspath(os.path.join(args.build, "dsfs")))
     import harness
@@ -119,10 +129,16 @@ def main():
                    "--cache-size", str(soak.CACHE_BYTES), "--timeout", f"{soak.MOUNT_TIMEOUT_S}s"]
         if args.verify:
             command.append("--verify")
+        tier_dir = os.path.join(tmp, "disk-cache") if args.disk_cache else None
+        if tier_dir:
+            command += ["--disk-cache", tier_dir, "--disk-cache-size", str(soak.DISK_CACHE_BYTES)]
         harness.run(command, env=env)
         print(f"soak: {seconds:g} s, {soak.READERS} readers, {restarts} Redis restarts, "
               f"proxy faults: {' '.join(soak.PROXY_FAULTS)}", flush=True)
-        r = soak.run_soak(redis, proxy, mnt, "soak", expected, seconds, restarts=restarts)
+        r = soak.run_soak(redis, proxy, mnt, "soak", expected, seconds, restarts=restarts,
+                          tier_faults=soak.TierFaults(tier_dir) if tier_dir else None)
+        if tier_dir:
+            r["tier_bytes_on_disk"] = soak.bytes_on_disk(tier_dir)
         faults = soak.fault_counts(r["proxy"])
         failures = soak.soak_failures(r, faults, len(expected))
     finally:
@@ -140,7 +156,8 @@ def main():
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "verify": args.verify, "readers": soak.READERS, "files": len(expected),
         "dataset_bytes": sum(size for size, _ in expected.values()),
-        "cache_bytes": soak.CACHE_BYTES, "rss_bound": soak.CACHE_BYTES + soak.RSS_SLACK,
+        "cache_bytes": soak.CACHE_BYTES, "rss_bound": soak.rss_bound(r),
+        "disk_cache_bytes": soak.DISK_CACHE_BYTES if args.disk_cache else None,
         "mount_timeout_s": soak.MOUNT_TIMEOUT_S, "hang_guard_s": soak.HANG_GUARD_S,
         "redis_down_s": soak.REDIS_DOWN_S, "proxy_faults": soak.PROXY_FAULTS,
         "faults_injected": faults, "passed": not failures, "failures": failures,
@@ -152,9 +169,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     # One sample a second (they were taken every 0.25 s; max_rss saw them all).
     result["timeline"] = result["timeline"][::4]
-    with open(os.path.join(args.out, "soak.json"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    plot(result, os.path.join(args.out, "soak.png"))
+    plot(result, os.path.join(args.out, f"{args.name}.png"))
     print(f"{r['ok_files']} files read whole ({r['ok_bytes'] / 1e9:.1f} GB), {len(r['wrong'])} "
           f"wrong, errors {r['errors']}, slowest call {r['slowest_call_s']} s; max RSS "
           f"{r['max_rss'] >> 20} MiB (bound {result['rss_bound'] >> 20}); threads "

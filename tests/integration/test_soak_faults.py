@@ -20,8 +20,14 @@ Asserted, for `--verify` off and on:
   (EIO); reads succeeded after the restart; the proxy counted resets, truncations, stalls and
   refusal windows.
 
-DSFS_SOAK_SECONDS (default 20) is the load time per `--verify` setting; bench/soak.py runs the
-same soak for longer and plots it.
+With a disk tier (`test_soak_with_a_disk_tier`: `--disk-cache` smaller than the dataset, so it
+evicts and takes over the files it evicts), the tier's files are also damaged while the readers
+read (TierFaults: a byte flipped, a file cut short, a file removed), and the tier must catch every
+one: zero wrong bytes still, and its counters show damage found, files taken over, hits, and
+bytes on disk within --disk-cache-size.
+
+DSFS_SOAK_SECONDS (default 20) is the load time per setting; bench/soak.py runs the same soak for
+longer and plots it.
 """
 import collections
 import errno
@@ -55,8 +61,20 @@ def runs_under_asan(pid):
         return any("libasan" in line for line in f)
 
 
+# The disk tier's variant: smaller than the dataset (about 38 MB), so it evicts. With a tier the
+# daemon may also hold its write-behind queue (64 MiB of objects the memory cache may have let
+# go: prefetch/disk_tier.h DiskTierOptions::queue_bytes) and the blocks its 16 stagers and the
+# FUSE threads read files into, and glibc keeps what 20 more threads freed in its two arenas:
+# 129-222 MiB of RSS was measured with a 16 MiB cache, of which malloc_trim(0) gave back about
+# 100 MiB (free memory glibc kept, not objects held). In bench/soak.py --disk-cache it levels
+# off within two minutes (docs/reliability.md).
+DISK_CACHE_BYTES = 24 << 20
+TIER_RSS_SLACK = 192 << 20
+
+
 def rss_bound(result):
-    return CACHE_BYTES + (ASAN_RSS_SLACK if result.get("asan") else RSS_SLACK)
+    return (CACHE_BYTES + (ASAN_RSS_SLACK if result.get("asan") else RSS_SLACK)
+            + (TIER_RSS_SLACK if result.get("tier_faults") is not None else 0))
 MOUNT_TIMEOUT_S = 2
 IO_TIMEOUT_S = min(max(MOUNT_TIMEOUT_S, 1), 10)  # fs/filesystem.cpp: clamp(timeout, 1s, 10s)
 HANG_GUARD_S = 2 * (MOUNT_TIMEOUT_S + IO_TIMEOUT_S) + 5
@@ -285,10 +303,78 @@ class Readers:
                     "wrong": len(self.wrong), "errors": sum(self.errors.values())}
 
 
-def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=print):
-    """Warm-up pass, then `seconds` of READERS readers with `restarts` Redis restarts, sampling
-    the daemon; then waits (deadline) for its threads and descriptors to settle. Returns a
-    dict of results and a timeline; asserts nothing (the caller does)."""
+class TierFaults:
+    """Damages the disk tier's object files under `tier_dir` while the soak reads: every
+    `every_s` one file, picked at random, gets one byte flipped (same size), is cut to half its
+    size, or is removed, in turn. Files being written (*.tmp) are damaged too: the tier must
+    find that out when it reads them. Counts are under self.lock."""
+
+    KINDS = ("flipped", "truncated", "removed")
+
+    def __init__(self, tier_dir, every_s=0.1, seed=3):
+        self.objects = os.path.join(tier_dir, "objects")
+        self.every_s = every_s
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.counts = collections.Counter()
+        self.stop_event = threading.Event()
+        self.thread = None
+
+    def damage_one(self):
+        files = [os.path.join(d, n) for d, _, names in os.walk(self.objects) for n in names]
+        if not files:
+            return
+        path = self.rng.choice(files)
+        kind = self.KINDS[sum(self.counts.values()) % len(self.KINDS)]
+        try:
+            if kind == "removed":
+                os.unlink(path)
+            else:
+                with open(path, "r+b") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size == 0:
+                        return
+                    if kind == "truncated":
+                        f.truncate(size // 2)
+                    else:
+                        at = self.rng.randrange(size)
+                        f.seek(at)
+                        byte = f.read(1)
+                        f.seek(at)
+                        f.write(bytes([byte[0] ^ 0xFF]))
+        except FileNotFoundError:
+            return  # evicted (or taken over and renamed) meanwhile
+        with self.lock:
+            self.counts[kind] += 1
+
+    def _loop(self):
+        while not self.stop_event.wait(self.every_s):
+            self.damage_one()
+
+    def start(self):
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.stop_event.set()
+        if self.thread:
+            self.thread.join()
+        with self.lock:
+            return dict(self.counts)
+
+
+def tier_stats(mnt):
+    """stats.json's `disk_tier` object of the mount."""
+    with open(os.path.join(mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
+        return json.loads(f.read())["disk_tier"]
+
+
+def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=print,
+             tier_faults=None):
+    """Warm-up pass, then `seconds` of READERS readers with `restarts` Redis restarts (and
+    `tier_faults`, a TierFaults, damaging the disk tier meanwhile), sampling the daemon; then
+    waits (deadline) for its threads and descriptors to settle. Returns a dict of results and a
+    timeline; asserts nothing (the caller does)."""
     pid = mount_daemon_pid(mnt)
     if pid is None:
         raise AssertionError(f"no daemon found for {mnt}")
@@ -323,6 +409,8 @@ def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=prin
     sampler = threading.Thread(target=sample_loop, daemon=True)
     sampler.start()
     readers.start()
+    if tier_faults:
+        tier_faults.start()
     began = time.monotonic()
     restarts_done = []
     # Redis restarts evenly spaced (one, halfway, by default): each down for REDIS_DOWN_S (a
@@ -337,6 +425,7 @@ def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=prin
         restart["started_at_s"] = round(time.monotonic() - began, 2)
         restarts_done.append(restart)
     readers.stop_event.wait(max(0.0, seconds - (time.monotonic() - began)))
+    damage_done = tier_faults.stop() if tier_faults else None
     all_stopped = readers.stop(HANG_GUARD_S + 10)
     elapsed = time.monotonic() - began
     sampler_stop.set()
@@ -368,6 +457,9 @@ def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=prin
             "before": before, "after": after, "restarts": restarts_done,
             "proxy": proxy.stats(), "timeline": timeline,
         }
+    if tier_faults:
+        result["tier_faults"] = damage_done
+        result["tier"] = tier_stats(mnt)
     return result
 
 
@@ -416,7 +508,47 @@ def soak_failures(r, faults, files):
     for kind, count in faults.items():
         if count == 0:
             failures.append(f"the proxy injected no {kind}")
+    if "tier_faults" in r:
+        failures += tier_failures(r)
     return failures
+
+
+def tier_failures(r):
+    """What the disk tier's variant breaks beyond soak_failures: damage it did not find, or a
+    run that never exercised it (no hits, no file taken over), or bytes past its size."""
+    failures = []
+    tier, damage = r["tier"], r["tier_faults"]
+    for kind in TierFaults.KINDS:
+        if damage.get(kind, 0) == 0:
+            failures.append(f"no tier file was {kind}")
+    # Flipped and truncated files that were read again must have failed their check (the readers'
+    # zero wrong bytes says none got through); removed ones are read errors or plain misses.
+    if tier["checksum_failures"] == 0:
+        failures.append(f"the tier found no damaged file ({damage} damaged)")
+    if tier["hits"] == 0:
+        failures.append("the tier served no read")
+    if tier["files_reused"] == 0:
+        failures.append("no write took over a file it evicted (the tier never filled)")
+    if tier["bytes_used"] > tier["capacity_bytes"]:
+        failures.append(f"the tier counts {tier['bytes_used']} bytes, more than its size "
+                        f"{tier['capacity_bytes']}")
+    if r["tier_bytes_on_disk"] > tier["capacity_bytes"]:
+        failures.append(f"the tier's files take {r['tier_bytes_on_disk']} bytes, more than its "
+                        f"size {tier['capacity_bytes']}")
+    return failures
+
+
+def bytes_on_disk(tier_dir):
+    """The tier's object files (finished or not), each rounded up to 4 KiB as the tier counts
+    them."""
+    total = 0
+    for d, _, names in os.walk(os.path.join(tier_dir, "objects")):
+        for n in names:
+            try:
+                total += -(-os.stat(os.path.join(d, n)).st_size // 4096) * 4096
+            except FileNotFoundError:
+                pass
+    return total
 
 
 class SoakFaultsTest(DsfsTestCase):
@@ -433,18 +565,31 @@ class SoakFaultsTest(DsfsTestCase):
         self.proxy.stop()
         super().tearDown()
 
-    def soak(self, verify):
-        name = "verify" if verify else "noverify"
+    def soak(self, verify, disk_cache=False):
+        name = ("verify" if verify else "noverify") + ("-tier" if disk_cache else "")
         mnt = os.path.join(self.tmp, name)
         os.makedirs(mnt)
         extra = ["--verify"] if verify else []
+        tier_dir = os.path.join(self.tmp, f"{name}-disk-cache") if disk_cache else None
+        if tier_dir:
+            extra += ["--disk-cache", tier_dir, "--disk-cache-size", str(DISK_CACHE_BYTES)]
         self.dsfs("mount", mnt, "--redis", self.proxy.url, "--cache-size", str(CACHE_BYTES),
                   "--timeout", f"{MOUNT_TIMEOUT_S}s", *extra, redis=False)
         self.mounts.append(mnt)
         faults_before = self.proxy.stats()
-        print(f"\nsoak, --verify {'on' if verify else 'off'}, {self.seconds:g} s, "
+        print(f"\nsoak, --verify {'on' if verify else 'off'}"
+              f"{', a disk tier damaged meanwhile' if disk_cache else ''}, {self.seconds:g} s, "
               f"{READERS} readers:", flush=True)
-        r = run_soak(self.redis, self.proxy, mnt, "soak", self.expected, self.seconds)
+        r = run_soak(self.redis, self.proxy, mnt, "soak", self.expected, self.seconds,
+                     tier_faults=TierFaults(tier_dir) if tier_dir else None)
+        if tier_dir:
+            r["tier_bytes_on_disk"] = bytes_on_disk(tier_dir)
+            print(f"  tier: damaged {r['tier_faults']}; {r['tier']['checksum_failures']} "
+                  f"checksum failures, {r['tier']['read_errors']} read errors, "
+                  f"{r['tier']['hits']} hits, {r['tier']['files_reused']} files taken over, "
+                  f"{r['tier']['write_errors']} write errors; {r['tier']['bytes_used']} bytes "
+                  f"used ({r['tier_bytes_on_disk']} on disk) of {r['tier']['capacity_bytes']}",
+                  flush=True)
         faults = fault_counts(r["proxy"], faults_before)
         print(f"  {r['ok_files']} files read whole ({r['ok_bytes'] / 1e6:.0f} MB), "
               f"{len(r['wrong'])} wrong, errors {r['errors']}; slowest call "
@@ -488,6 +633,9 @@ class SoakFaultsTest(DsfsTestCase):
 
     def test_soak_with_verify(self):
         self.soak(verify=True)
+
+    def test_soak_with_a_disk_tier(self):
+        self.soak(verify=False, disk_cache=True)
 
 
 if __name__ == "__main__":
