@@ -980,10 +980,15 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
       return false;
     }
     if (deferred_.size() >= options_.deferred_limit) {
-      deferred_.pop_front();  // the oldest: the least likely to be in memory still
+      // The oldest: the least likely to be in memory still.
+      if (ObjectBuffer forgotten = deferred_.front().buffer.lock()) {
+        forgotten->set_awaiting_disk(false);
+      }
+      deferred_.pop_front();
       ++stats_.writes_dropped;
     }
     ++stats_.writes_deferred;
+    buffer->set_awaiting_disk(true);  // the memory cache keeps it a little longer
     deferred_.push_back(Deferred{.id = id,
                                  .dataset = std::string(key.dataset),
                                  .buffer = buffer,
@@ -1020,17 +1025,20 @@ std::optional<DiskTier::Write> DiskTier::next_write_locked() {
     queue_.pop_front();
     return write;
   }
-  // Newest first: the likeliest to be in memory still. At a stop, not written: an unmount
-  // should not wait for a cache's worth of writes.
+  // Oldest first: the memory cache lets go of objects about in the order they were read, so the
+  // oldest deferred object is the next to be lost (the newest has the longest left). Those gone
+  // already cost a failed lock each. At a stop, not written: an unmount should not wait for a
+  // cache's worth of writes.
   while (!deferred_.empty()) {
-    Deferred deferred = std::move(deferred_.back());
-    deferred_.pop_back();
+    Deferred deferred = std::move(deferred_.front());
+    deferred_.pop_front();
     if (index_.contains(deferred.id) || queued_.contains(deferred.id)) continue;
     ObjectBuffer buffer = stopping_ ? nullptr : deferred.buffer.lock();
     if (!buffer) {
       ++stats_.writes_dropped;
       continue;
     }
+    buffer->set_awaiting_disk(false);  // held by this write now
     queued_.insert(deferred.id);
     stats_.queued_bytes += buffer->size();
     return Write{.id = deferred.id,

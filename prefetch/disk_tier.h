@@ -45,7 +45,8 @@ struct DiskTierOptions {
   // Payload bytes waiting to be written; past it, new writes are deferred (below).
   uint64_t queue_bytes = uint64_t{64} << 20;
   // Objects that found the queue full, remembered by weak reference (no bytes held): a writer
-  // with nothing queued writes the newest of them still in memory (the RAM cache, a reader).
+  // with nothing queued writes the oldest of them still in memory (the RAM cache, a reader),
+  // which the RAM cache meanwhile keeps after its other objects already read.
   // Past this many, the oldest are forgotten (dropped, counted). Each costs about 170 bytes (the
   // entry, and the object's bookkeeping a weak reference keeps): 11 MiB at most.
   uint64_t deferred_limit = 65536;
@@ -178,7 +179,8 @@ class DiskTier {
   bool holds(const DiskTierKey& key, uint64_t length) const;
 
   // Queues the object to be written behind the caller; when the queue is full, defers it (a weak
-  // reference: written later only if the object is still in memory then). Returns false
+  // reference: written later only if the object is still in memory then, which is marked
+  // ObjectData::awaiting_disk meanwhile). Returns false
   // (changing nothing) when it is already on disk or queued, or larger than the tier. Never
   // blocks on disk. `read_this_epoch`: a reader has it now (a demand fetch), so
   // it is evicted early; false for a prefetch, whose reader is still to come.
@@ -250,7 +252,7 @@ class DiskTier {
   // Writes DIR/index (temp file + rename); logs and leaves none on failure.
   void save_index() const;
   void writer_loop();
-  // The next write for a writer: the queue's oldest, else the newest deferred object still in
+  // The next write for a writer: the queue's oldest, else the oldest deferred object still in
   // memory and not on disk (forgotten ones counted as dropped); nullopt when there is none.
   // mutex_ held.
   std::optional<Write> next_write_locked();
@@ -294,7 +296,7 @@ class DiskTier {
   std::list<FileId> read_this_epoch_;  // front: read first
   std::unordered_map<uint64_t, uint64_t> newest_generation_;  // by dataset hash
   std::deque<Write> queue_;
-  std::deque<Deferred> deferred_;  // back: newest
+  std::deque<Deferred> deferred_;  // front: oldest
   // Queued or being written (so one file is never written by two writers at once).
   std::unordered_set<FileId, FileIdHash> queued_;
   unsigned writing_ = 0;         // writes taken off the queue and not finished

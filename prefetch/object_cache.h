@@ -114,7 +114,8 @@ class BasicObjectCache {
   // Releases the reservation; joined readers load the object themselves.
   void abandon_prefetch(const Key& key, const std::string& why);
 
-  // A reader has read this object to its end: the first to go when room is needed.
+  // A reader has read this object to its end: the first to go when room is needed (the last of
+  // those while the disk tier is still to write it: ObjectData::awaiting_disk).
   void mark_consumed(const Key& key);
   // The cached object is predicted to be read at `rank`: it stays like a prefetch of that rank
   // (an object already read, or predicted later, is kept for this use). Returns it, or nullptr
@@ -128,10 +129,14 @@ class BasicObjectCache {
   uint64_t capacity_bytes() const { return capacity_bytes_; }
 
  private:
-  // Eviction order: first objects already read (oldest first), then ones fetched on demand and
-  // not yet read to their end (least recently used first), then prefetched ones, ranked latest
-  // first. A demand fetch is being read when it is stored, so it is soon consumed.
-  enum class Standing : uint8_t { kConsumed, kOther, kPredicted };
+  // Eviction order: first objects already read (oldest first), then those of them the disk tier
+  // still has to write (ObjectData::awaiting_disk when they were read: the tier would lose them),
+  // then ones fetched on demand and not yet read to their end (least recently used first), then
+  // prefetched ones, ranked latest first. A demand fetch is being read when it is stored, so it
+  // is soon consumed.
+  enum class Standing : uint8_t { kConsumed, kConsumedAwaitingDisk, kOther, kPredicted };
+  // kConsumed, or kConsumedAwaitingDisk for an object the disk tier is still to write.
+  static Standing consumed_standing(const ObjectBuffer& buffer);
   struct VictimOrder {
     Standing standing;
     uint64_t order;  // kConsumed/kOther: last use (older first); kPredicted: ~rank

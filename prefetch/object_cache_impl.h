@@ -53,7 +53,8 @@ std::vector<ObjectBuffer> BasicObjectCache<Key, KeyHash>::get_many(std::span<con
       if (auto it = entries_.find(key); it != entries_.end()) {
         Entry& entry = it->second;
         if (read_whole) {
-          set_standing_locked(key, entry, Standing::kConsumed, ++clock_);  // read to its end now
+          // Read to its end now.
+          set_standing_locked(key, entry, consumed_standing(entry.buffer), ++clock_);
         } else if (entry.victim.standing != Standing::kPredicted) {
           set_standing_locked(key, entry, entry.victim.standing, ++clock_);
         }
@@ -132,6 +133,12 @@ std::vector<ObjectBuffer> BasicObjectCache<Key, KeyHash>::get_many(std::span<con
 }
 
 template <typename Key, typename KeyHash>
+typename BasicObjectCache<Key, KeyHash>::Standing BasicObjectCache<Key, KeyHash>::consumed_standing(
+    const ObjectBuffer& buffer) {
+  return buffer->awaiting_disk() ? Standing::kConsumedAwaitingDisk : Standing::kConsumed;
+}
+
+template <typename Key, typename KeyHash>
 void BasicObjectCache<Key, KeyHash>::note_used_locked(Entry& entry) {
   if (entry.prefetched && !entry.used) {
     entry.used = true;
@@ -167,6 +174,7 @@ bool BasicObjectCache<Key, KeyHash>::make_room_locked(uint64_t size, RoomFor pur
     if (entry.buffer.use_count() > 1) return false;
     switch (entry.victim.standing) {
       case Standing::kConsumed:
+      case Standing::kConsumedAwaitingDisk:
         return true;
       case Standing::kPredicted:
         return purpose == RoomFor::kDemand || (purpose == RoomFor::kPrefetch && entry.rank > rank);
@@ -226,7 +234,7 @@ void BasicObjectCache<Key, KeyHash>::insert_locked(const Key& key, ObjectBuffer 
     ++stats_.not_kept;
     return;
   }
-  const Standing standing = read_whole ? Standing::kConsumed : Standing::kOther;
+  const Standing standing = read_whole ? consumed_standing(buffer) : Standing::kOther;
   Entry entry{.buffer = std::move(buffer), .victim = {standing, ++clock_, ++clock_}};
   auto [it, inserted] = entries_.emplace(key, std::move(entry));
   try {
@@ -310,7 +318,7 @@ void BasicObjectCache<Key, KeyHash>::mark_consumed(const Key& key) {
   const auto it = entries_.find(key);
   if (it == entries_.end()) return;
   note_used_locked(it->second);
-  set_standing_locked(key, it->second, Standing::kConsumed, ++clock_);
+  set_standing_locked(key, it->second, consumed_standing(it->second.buffer), ++clock_);
 }
 
 template <typename Key, typename KeyHash>
@@ -330,7 +338,10 @@ template <typename Key, typename KeyHash>
 void BasicObjectCache<Key, KeyHash>::new_epoch() {
   MutexLock lock(mutex_);
   for (auto& [key, entry] : entries_) {
-    if (entry.victim.standing != Standing::kConsumed) continue;
+    if (entry.victim.standing != Standing::kConsumed &&
+        entry.victim.standing != Standing::kConsumedAwaitingDisk) {
+      continue;
+    }
     entry.rank = kUnorderedRank;
     set_standing_locked(key, entry, Standing::kPredicted, ~kUnorderedRank);
   }

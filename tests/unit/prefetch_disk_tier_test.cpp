@@ -554,6 +554,50 @@ TEST_F(DiskTierTest, AFullQueueDefersWritesAndWritesThoseStillInMemory) {
   EXPECT_EQ(tier->stats().writes, 4u);
 }
 
+TEST_F(DiskTierTest, DeferredObjectsAreWrittenOldestFirstAndMarkedUntilThen) {
+  // One writer, a queue of one object, a tier of two files: the tier keeps the two written
+  // last, which tells the order the writer took the deferred objects in.
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{.dir = dir_.path() / "tier",
+                                                         .capacity_bytes = 2 * 4096,
+                                                         .queue_bytes = 4000,
+                                                         .writer_threads = 1});
+  std::vector<ObjectBuffer> held;
+  for (uint64_t i = 1; i <= 4; ++i) {
+    held.push_back(object(4000, static_cast<unsigned>(i)));
+    ASSERT_TRUE(tier->put(key(i), held.back()));
+  }
+  // 1 queued (held by the queue, not marked); 2..4 deferred, marked for the memory cache.
+  EXPECT_EQ(tier->stats().writes_deferred, 3u);
+  EXPECT_FALSE(held[0]->awaiting_disk());
+  for (size_t i = 1; i < 4; ++i) EXPECT_TRUE(held[i]->awaiting_disk()) << i + 1;
+  tier->start();
+  tier->flush();
+  EXPECT_EQ(tier->stats().writes, 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(held[i]->awaiting_disk()) << i + 1;
+  // Oldest first: 1, 2, 3, 4 written in turn, so 3 and 4 are left (newest first would have
+  // left 3 and 2).
+  EXPECT_EQ(tier->get(key(1), 4000), nullptr);
+  EXPECT_EQ(tier->get(key(2), 4000), nullptr);
+  EXPECT_NE(tier->get(key(3), 4000), nullptr);
+  EXPECT_NE(tier->get(key(4), 4000), nullptr);
+}
+
+TEST_F(DiskTierTest, ADeferredObjectForgottenPastTheLimitIsNoLongerMarked) {
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{.dir = dir_.path() / "tier",
+                                                         .capacity_bytes = 64 * kMiB,
+                                                         .queue_bytes = 4000,
+                                                         .deferred_limit = 1});
+  const ObjectBuffer queued = object(4000, 1);
+  const ObjectBuffer forgotten = object(4000, 2);
+  const ObjectBuffer deferred = object(4000, 3);
+  ASSERT_TRUE(tier->put(key(1), queued));
+  ASSERT_TRUE(tier->put(key(2), forgotten));
+  ASSERT_TRUE(tier->put(key(3), deferred));  // past the limit: 2 is forgotten
+  EXPECT_FALSE(forgotten->awaiting_disk());
+  EXPECT_TRUE(deferred->awaiting_disk());
+  EXPECT_EQ(tier->stats().writes_dropped, 1u);
+}
+
 TEST_F(DiskTierTest, DeferredWritesPastTheLimitForgetTheOldest) {
   auto tier = std::make_unique<DiskTier>(DiskTierOptions{.dir = dir_.path() / "tier",
                                                          .capacity_bytes = 64 * kMiB,

@@ -347,6 +347,52 @@ TEST(ObjectCachePrefetch, APrefetchEvictsWhatWasReadThenWhatIsNeededLatest) {
   EXPECT_EQ(stats.used_bytes, 100u);    // key 2
 }
 
+TEST(ObjectCachePrefetch, ReadObjectsTheDiskTierStillHasToWriteGoLast) {
+  // Three objects prefetched and read in turn; the disk tier deferred writing the first (the
+  // oldest read, which would otherwise go first).
+  ObjectCache cache(300);
+  std::vector<ObjectBuffer> objects;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    objects.push_back(object_of(100, char('0' + id)));
+    ASSERT_TRUE(cache.begin_prefetch(key(id), 100, id));
+    cache.finish_prefetch(key(id), objects.back());
+  }
+  objects[0]->set_awaiting_disk(true);
+  for (uint64_t id = 1; id <= 3; ++id) cache.mark_consumed(key(id));
+  objects.clear();  // the cache's references only: all may go
+  // Room for one more: key 2, read after key 1, goes in its place.
+  ASSERT_TRUE(cache.begin_prefetch(key(4), 100, 4));
+  cache.finish_prefetch(key(4), object_of(100, '4'));
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  EXPECT_EQ(cache.peek(key(2)), nullptr);
+  // Kept longer, not for ever: once the other read objects are gone, it goes too, for a
+  // prefetch as for a demand load.
+  ASSERT_TRUE(cache.begin_prefetch(key(5), 100, 5));
+  EXPECT_EQ(cache.peek(key(3)), nullptr);
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  cache.mark_consumed(key(4));
+  ASSERT_TRUE(cache.begin_prefetch(key(6), 100, 6));
+  EXPECT_EQ(cache.peek(key(4)), nullptr);
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+  ASSERT_TRUE(cache.begin_prefetch(key(7), 100, 7));
+  EXPECT_EQ(cache.peek(key(1)), nullptr);
+  EXPECT_EQ(cache.stats().evictions, 4u);
+}
+
+TEST(ObjectCachePrefetch, ANewEpochKeepsObjectsTheDiskTierStillHasToWriteAsGuesses) {
+  ObjectCache cache(200);
+  CountingLoader loader{.size = 100};
+  cache.get_many(std::vector<ObjectKey>{key(1)}, loader.many(), nullptr, /*read_whole=*/true);
+  const ObjectBuffer kept = cache.peek(key(1));
+  kept->set_awaiting_disk(true);
+  cache.mark_consumed(key(1));
+  cache.new_epoch();
+  // A guess now, ranked with every unread file: a read-once miss may not displace it.
+  cache.get_many(std::vector<ObjectKey>{key(2)}, loader.many(), nullptr, /*read_whole=*/true);
+  cache.get_many(std::vector<ObjectKey>{key(3)}, loader.many(), nullptr, /*read_whole=*/true);
+  EXPECT_NE(cache.peek(key(1)), nullptr);
+}
+
 TEST(ObjectCachePrefetch, UnorderedGuessesNeverEvictOneAnother) {
   ObjectCache cache(200);
   ASSERT_TRUE(cache.begin_prefetch(key(1), 100, ObjectCache::kUnorderedRank));
