@@ -139,7 +139,7 @@ class BasicObjectCache {
   static Standing consumed_standing(const ObjectBuffer& buffer);
   struct VictimOrder {
     Standing standing;
-    uint64_t order;  // kConsumed/kOther: last use (older first); kPredicted: ~rank
+    uint64_t order;  // kConsumed*, kOther: last use (older first); kPredicted: ~rank
     uint64_t serial;
     auto operator<=>(const VictimOrder&) const = default;
   };
