@@ -303,7 +303,7 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
       held_.reset();  // nothing from Redis before the first read: left to its reader
       continue;
     }
-    if (from_disk ? staging_.size() + staging_busy_ >= staging_limit_locked()
+    if (from_disk ? staging_.size() + staging_busy_ >= staging_limit()
                   : out.size() >= room || !windows_.propose_more()) {
       for_redis_waits = !from_disk;
       break;  // keep held_ for when there is room
@@ -372,12 +372,6 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
   return for_redis_waits;
 }
 
-size_t PrefetchEngine::staging_limit_locked() const {
-  const size_t keep_busy = disk_stagers_ * 2;
-  if (!windows_.plan_leads()) return keep_busy;
-  return std::max<size_t>(keep_busy, windows_.limit());
-}
-
 std::pair<size_t, size_t> PrefetchEngine::route_of(const std::string& redis_key) const {
   // Never discovers (the engine's lock is held): the mount found the topology before any read.
   const size_t route = client_.route_read_known(redis_key).node;
@@ -424,12 +418,10 @@ void PrefetchEngine::stage_loop() {
         }
         wake = true;
       }
-      // Half their queue drained, or a batch's worth of a long one: the stagers propose more
-      // themselves, what the tier holds (waking a worker for each batch lagged behind the readers
-      // on a busy machine). A file for Redis stops them: a worker sends it.
-      const size_t limit = staging_limit_locked();
-      if (!stopping_ &&
-          staging_.size() + staging_busy_ + std::min(limit / 2, kStagingBatch) <= limit &&
+      // Half their queue drained: the stagers propose more themselves, what the tier holds
+      // (waking a worker for each batch lagged behind the readers on a busy machine). A file for
+      // Redis stops them: a worker sends it.
+      if (!stopping_ && staging_.size() + staging_busy_ <= staging_limit() / 2 &&
           active_locked(Clock::now())) {
         std::vector<Fetch> none;  // room 0: nothing for Redis is taken here
         if (propose_locked(0, none, ready)) wake = true;

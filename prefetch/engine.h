@@ -185,8 +185,7 @@ class PrefetchEngine {
   // a source listener is set). Wakes another worker when the windows have room for more.
   std::vector<Fetch> next_fetches(size_t outstanding, std::vector<ReadySource>& ready);
   // Proposes files while there is room: those the disk tier holds into staging_ (up to
-  // staging_limit_locked()), the others into `out` (at most about `room`, under their node's
-  // window).
+  // staging_limit()), the others into `out` (at most about `room`, under their node's window).
   // Stops at the first file that finds no room, keeping it for later (held_); true when that
   // file goes to Redis (a worker must take it). mutex_ held.
   bool propose_locked(size_t room, std::vector<Fetch>& out, std::vector<ReadySource>& ready);
@@ -202,15 +201,8 @@ class PrefetchEngine {
   // A disk stager: reads queued fetches from the disk tier into the cache; one the tier no
   // longer has (evicted, damaged) goes to Redis instead (redirected_, or held by its window).
   void stage_loop();
-  // Fetches queued for the stagers or being read, at most: enough to keep each busy; and while a
-  // plan leads, as many as Redis's windows hold (twice the bandwidth-delay product: 2,000 files
-  // at 10,000 files/s 100 ms away). The walk of the plan proposes files in order and stops where
-  // this queue is full, so it also decides how early a file the tier lacks is asked of Redis:
-  // 32 files ahead of the stagers was a few milliseconds, and each such file's read waited most
-  // of a round trip. mutex_ held.
-  size_t staging_limit_locked() const;
-  // The stagers propose more themselves when this many places are free in their queue.
-  static constexpr size_t kStagingBatch = 64;
+  // Fetches queued for the stagers or being read, at most: enough to keep each busy.
+  size_t staging_limit() const { return disk_stagers_ * 2; }
   // Checks (with --verify), caches and hands on a fetched object; from_redis: also write it
   // behind to the disk tier.
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);

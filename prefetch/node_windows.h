@@ -139,7 +139,6 @@ class NodeWindows {
   // A fetch sent to `node` ended without a sample (failed, or staged from the disk tier).
   void on_ended(size_t node) { release(state(node)); }
 
-  bool plan_leads() const { return plan_leads_; }
   uint64_t inflight() const { return inflight_; }
   uint64_t held() const { return held_; }
   size_t max_total() const { return max_total_; }

@@ -349,23 +349,6 @@ TEST_F(PrefetchEngineDiskTierTest, FilesOnDiskAreStagedAheadUnderTheirOwnBound) 
   EXPECT_EQ(reader_->stats().ready, kFiles);
 }
 
-// While a plan leads, the stagers' queue may hold as many files as Redis's windows (here their
-// floor, 2 per connection: 16), not only 2 per stager (8). The walk of the plan stops where that
-// queue is full, and far from Redis a file the tier lacks must be asked for a round trip before
-// its read: there the windows open to twice the bandwidth-delay product, and so does the queue.
-TEST_F(PrefetchEngineDiskTierTest, WhileAPlanLeadsTheStagersQueueAsManyFilesAsRedissWindows) {
-  make_engine(64 << 20,
-              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4});
-  const std::vector<uint32_t> order = shuffled_files(9);
-  plan(order);
-  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
-  const EngineStats stats = engine_->stats();
-  EXPECT_EQ(stats.disk_reads, kFiles);
-  EXPECT_EQ(stats.gets, 0u);
-  EXPECT_GT(stats.staging_peak, 8u) << "bounded by the stagers' own bound";
-  for (const uint32_t i : order) read_and_check(i);
-}
-
 // A file the index holds but whose bytes no longer check out (here every one: a byte flipped
 // after it was written) is dropped by the stager, which hands the fetch to Redis, through the
 // window (sent at once, or held for room): every file still arrives ahead, right.
