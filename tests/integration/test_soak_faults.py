@@ -61,7 +61,7 @@ def runs_under_asan(pid):
         return any("libasan" in line for line in f)
 
 
-# The disk tier's variant: smaller than the dataset (about 38 MB), so it evicts. With a tier the
+# The disk tier's variant: smaller than the dataset (about 34 MB), so it evicts. With a tier the
 # daemon may also hold its write-behind queue (64 MiB of objects the memory cache may have let
 # go: prefetch/disk_tier.h DiskTierOptions::queue_bytes) and the blocks its 16 stagers and the
 # FUSE threads read files into, and glibc keeps what 20 more threads freed in its two arenas:
