@@ -90,7 +90,10 @@ def counters(s):
                                                    "read_errors", "write_errors", "evictions",
                                                    "page_cache_reads", "direct_reads")},
             "tier_bytes_used": d.get("bytes_used", 0), "tier_entries": d.get("entries", 0),
-            **{f"reads_{k}": s["prefetch"]["reads"][k] for k in ("ready", "joined", "miss")}}
+            **{f"reads_{k}": s["prefetch"]["reads"][k] for k in ("ready", "joined", "miss")},
+            # The readers' time waiting on reads (all of them together): what a file asked of
+            # Redis too late costs, beside the files/s.
+            "reader_stall_s": s["prefetch"]["stall_us"]["total_s"]}
 
 
 def delta(before, after):
