@@ -69,6 +69,14 @@ def redis_io_threads_args():
     return ["--io-threads", str(threads)] if threads > 1 else []
 
 
+def disk_tier_bytes(dataset, fraction=1.0):
+    """`--disk-cache-size` for `dataset` (tree_info): what holds it whole (its bytes + 1% and a
+    4 KiB block per file, docs/cli.md) times `fraction` (below 1 the tier evicts as it is
+    written), plus 16 MiB."""
+    whole = dataset["bytes"] * 1.01 + 4096 * dataset["files"]
+    return int(fraction * whole) + (16 << 20)
+
+
 def load_average():
     """The 1-minute load average (other work on a shared machine skews figures)."""
     return os.getloadavg()[0]

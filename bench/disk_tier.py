@@ -65,9 +65,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, Proxy, RedisServer, drop_caches, fs_type, load_average,  # noqa: E402
-                    log, machine_info, median, mount_daemon_pid, private_env, process_usage, run,
-                    synth_dataset, tree_info)
+from common import (REPO, Proxy, RedisServer, disk_tier_bytes, drop_caches,  # noqa: E402
+                    fs_type, load_average, log, machine_info, median, mount_daemon_pid,
+                    private_env, process_usage, run, synth_dataset, tree_info)
 from cluster import PY_READER  # noqa: E402
 from prefetch import build_source  # noqa: E402
 
@@ -308,8 +308,7 @@ class Bench:
         tier_size = None
         if mode == "disk":
             self.tier_dir = tempfile.mkdtemp(prefix="dsfs-tier-", dir=a.disk_dir)
-            whole = self.dataset["bytes"] * 1.01 + 4096 * self.dataset["files"]
-            tier_size = int(a.tier_fraction * whole) + (16 << 20)
+            tier_size = disk_tier_bytes(self.dataset, a.tier_fraction)
             args += ["--disk-cache", self.tier_dir, "--disk-cache-size", tier_size]
         args += shlex.split(a.mount_options)
         t0 = time.perf_counter()

@@ -31,7 +31,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import mount_daemon_pid, process_usage, run, thread_cpu_used  # noqa: E402
+from common import (disk_tier_bytes, mount_daemon_pid, process_usage, run,  # noqa: E402
+                    thread_cpu_used)
 from first_epoch import Bench  # noqa: E402
 
 
@@ -109,11 +110,9 @@ def main():
                                                         args.cache_fraction)),
                  "--timeout", "120s"]
         if args.disk_cache:
-            # Sized as bench/disk_tier.py sizes it.
             tier_dir = tempfile.mkdtemp(prefix="dsfs-timeline-tier-", dir=args.disk_dir)
-            whole = bench.dataset["bytes"] * 1.01 + 4096 * bench.dataset["files"]
             mount += ["--disk-cache", tier_dir, "--disk-cache-size",
-                      int(args.tier_fraction * whole) + (16 << 20)]
+                      disk_tier_bytes(bench.dataset, args.tier_fraction)]
         run(mount, env=bench.env)
         pid = mount_daemon_pid(bench.mnt)
         for e in range(args.epochs):

@@ -137,8 +137,6 @@ def main():
               f"proxy faults: {' '.join(soak.PROXY_FAULTS)}", flush=True)
         r = soak.run_soak(redis, proxy, mnt, "soak", expected, seconds, restarts=restarts,
                           tier_faults=soak.TierFaults(tier_dir) if tier_dir else None)
-        if tier_dir:
-            r["tier_bytes_on_disk"] = soak.bytes_on_disk(tier_dir)
         faults = soak.fault_counts(r["proxy"])
         failures = soak.soak_failures(r, faults, len(expected))
     finally:

@@ -312,6 +312,7 @@ class TierFaults:
     KINDS = ("flipped", "truncated", "removed")
 
     def __init__(self, tier_dir, every_s=0.1, seed=3):
+        self.tier_dir = tier_dir
         self.objects = os.path.join(tier_dir, "objects")
         self.every_s = every_s
         self.rng = random.Random(seed)
@@ -460,6 +461,7 @@ def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=prin
     if tier_faults:
         result["tier_faults"] = damage_done
         result["tier"] = tier_stats(mnt)
+        result["tier_bytes_on_disk"] = bytes_on_disk(tier_faults.tier_dir)
     return result
 
 
@@ -583,7 +585,6 @@ class SoakFaultsTest(DsfsTestCase):
         r = run_soak(self.redis, self.proxy, mnt, "soak", self.expected, self.seconds,
                      tier_faults=TierFaults(tier_dir) if tier_dir else None)
         if tier_dir:
-            r["tier_bytes_on_disk"] = bytes_on_disk(tier_dir)
             print(f"  tier: damaged {r['tier_faults']}; {r['tier']['checksum_failures']} "
                   f"checksum failures, {r['tier']['read_errors']} read errors, "
                   f"{r['tier']['hits']} hits, {r['tier']['files_reused']} files taken over, "
