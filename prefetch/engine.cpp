@@ -117,6 +117,7 @@ void PrefetchEngine::reshape(std::span<const uint32_t> active) {
   std::lock_guard lock(mutex_);
   model_ = std::move(model);
   held_.reset();
+  passed_for_stagers_.clear();
   work_.notify_all();
 }
 
@@ -279,10 +280,25 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
 bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
                                     std::vector<ReadySource>& ready) {
   const PlansPredictor& plans = model_->plan();
-  windows_.set_plan_leads(model_->leader() == "plan" && plans.entries() > plans.position());
+  const bool plan_leads = model_->leader() == "plan" && plans.entries() > plans.position();
+  windows_.set_plan_leads(plan_leads);
+  if (!plan_leads) passed_for_stagers_.clear();  // guesses of an order that no longer leads
   const size_t staging_before = staging_.size();
   bool for_redis_waits = false;
-  while (true) {
+  bool cache_full = false;
+  // Files the walk passed on for the stagers come first, in order, as their queue frees up; one
+  // the plans no longer list unread was read meanwhile (its reader took it from the tier).
+  while (!passed_for_stagers_.empty() && staging_.size() + staging_busy_ < staging_limit()) {
+    const Proposal passed = passed_for_stagers_.front();
+    if (!plans.lists_unread(passed.file)) {
+      passed_for_stagers_.pop_front();
+      continue;
+    }
+    cache_full = !reserve_locked(passed, /*from_disk=*/true, out, ready);
+    if (cache_full) break;
+    passed_for_stagers_.pop_front();
+  }
+  while (!cache_full) {
     if (!held_) {
       if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;
       held_ = model_->propose();
@@ -291,8 +307,8 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
     const DatasetSnapshot& d = *datasets_.get(dataset_of(held_->file));
     const uint32_t entry = entry_of(held_->file);
     const catalog::Catalog& catalog = *d.catalog;
-    const uint64_t chunks = catalog.chunk_count(entry);
-    if (catalog.entry(entry).size > max_prefetch_file_bytes_ || (verify_ && chunks > 1)) {
+    if (catalog.entry(entry).size > max_prefetch_file_bytes_ ||
+        (verify_ && catalog.chunk_count(entry) > 1)) {
       held_.reset();  // left to the reader
       continue;
     }
@@ -303,66 +319,25 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
       held_.reset();  // nothing from Redis before the first read: left to its reader
       continue;
     }
-    if (from_disk ? staging_.size() + staging_busy_ >= staging_limit()
-                  : out.size() >= room || !windows_.propose_more()) {
-      for_redis_waits = !from_disk;
+    if (from_disk &&
+        (staging_.size() + staging_busy_ >= staging_limit() || !passed_for_stagers_.empty())) {
+      // While a plan leads, the walk goes on past files for the stagers (no cache room taken
+      // yet) to those the tier lacks: 100 ms away each of those must be asked a round trip
+      // before its read, and the stagers' queue is only a few milliseconds long.
+      if (plan_leads && passed_for_stagers_.size() < windows_.limit()) {
+        passed_for_stagers_.push_back(*held_);
+        passed_peak_ = std::max<uint64_t>(passed_peak_, passed_for_stagers_.size());
+        held_.reset();
+        continue;
+      }
       break;  // keep held_ for when there is room
     }
-    // All of a file's chunks, or none: half a file ahead saves nothing.
-    std::vector<Fetch> file_fetches;
-    bool no_room = false;
-    for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
-      const ObjectKey key{.dataset = d.index,
-                          .chunk = chunk,
-                          .generation = d.generation(),
-                          .object_id = catalog.entry(entry).object_id};
-      const uint64_t length = ObjectFetcher::chunk_length(catalog, entry, chunk);
-      if (cache_.present(key)) {
-        // Already here: keep it for this use, or a later prefetch could evict it as read.
-        ObjectBuffer cached = cache_.promote(key, held_->rank);  // nullptr while loading
-        if (source_listener_ && chunks == 1 && cached) {
-          ready.push_back(ReadySource{.dataset = d.index,
-                                      .entry = entry,
-                                      .rank = held_->rank,
-                                      .buffer = std::move(cached)});
-        }
-        continue;
-      }
-      if (!cache_.begin_prefetch(key, length, held_->rank)) {
-        no_room = !cache_.present(key);
-        if (no_room) break;
-        continue;
-      }
-      std::string redis_key = fetcher_.chunk_key(d, entry, chunk);
-      const auto [route, node] = route_of(redis_key);
-      file_fetches.push_back(Fetch{.key = key,
-                                   .redis_key = std::move(redis_key),
-                                   .length = length,
-                                   .dataset = d.index,
-                                   .entry = entry,
-                                   .verify = verify_,
-                                   .rank = held_->rank,
-                                   .single_object = chunks == 1,
-                                   .route = route,
-                                   .node = node});
+    if (!from_disk && (out.size() >= room || !windows_.propose_more())) {
+      for_redis_waits = true;
+      break;  // keep held_ for when there is room
     }
-    if (no_room) {
-      for (const Fetch& f : file_fetches) cache_.abandon_prefetch(f.key, "no room");
-      break;  // keep held_ for when room frees up
-    }
+    if (!reserve_locked(*held_, from_disk, out, ready)) break;  // keep held_ until room frees up
     held_.reset();
-    for (Fetch& f : file_fetches) {
-      ++inflight_objects_;
-      inflight_bytes_ += f.length;
-      if (from_disk) {
-        if (warming_) ++staged_before_first_read_;
-        staging_.push_back(std::move(f));
-        continue;
-      }
-      // A node whose window is full keeps it until a reply of its own frees room; the others go on.
-      if (windows_.offer(f.node, f) == NodeWindows<Fetch>::Admit::kSend)
-        out.push_back(std::move(f));
-    }
   }
   inflight_peak_ = std::max(inflight_peak_, inflight_objects_);
   if (staging_.size() > staging_before) {
@@ -370,6 +345,63 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
     staging_work_.notify_all();
   }
   return for_redis_waits;
+}
+
+bool PrefetchEngine::reserve_locked(const Proposal& proposal, bool from_disk,
+                                    std::vector<Fetch>& out, std::vector<ReadySource>& ready) {
+  const DatasetSnapshot& d = *datasets_.get(dataset_of(proposal.file));
+  const uint32_t entry = entry_of(proposal.file);
+  const catalog::Catalog& catalog = *d.catalog;
+  const uint64_t chunks = catalog.chunk_count(entry);
+  // All of a file's chunks, or none: half a file ahead saves nothing.
+  std::vector<Fetch> file_fetches;
+  for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
+    const ObjectKey key{.dataset = d.index,
+                        .chunk = chunk,
+                        .generation = d.generation(),
+                        .object_id = catalog.entry(entry).object_id};
+    const uint64_t length = ObjectFetcher::chunk_length(catalog, entry, chunk);
+    if (cache_.present(key)) {
+      // Already here: keep it for this use, or a later prefetch could evict it as read.
+      ObjectBuffer cached = cache_.promote(key, proposal.rank);  // nullptr while loading
+      if (source_listener_ && chunks == 1 && cached) {
+        ready.push_back(ReadySource{.dataset = d.index,
+                                    .entry = entry,
+                                    .rank = proposal.rank,
+                                    .buffer = std::move(cached)});
+      }
+      continue;
+    }
+    if (!cache_.begin_prefetch(key, length, proposal.rank)) {
+      if (cache_.present(key)) continue;
+      for (const Fetch& f : file_fetches) cache_.abandon_prefetch(f.key, "no room");
+      return false;
+    }
+    std::string redis_key = fetcher_.chunk_key(d, entry, chunk);
+    const auto [route, node] = route_of(redis_key);
+    file_fetches.push_back(Fetch{.key = key,
+                                 .redis_key = std::move(redis_key),
+                                 .length = length,
+                                 .dataset = d.index,
+                                 .entry = entry,
+                                 .verify = verify_,
+                                 .rank = proposal.rank,
+                                 .single_object = chunks == 1,
+                                 .route = route,
+                                 .node = node});
+  }
+  for (Fetch& f : file_fetches) {
+    ++inflight_objects_;
+    inflight_bytes_ += f.length;
+    if (from_disk) {
+      if (warming_) ++staged_before_first_read_;
+      staging_.push_back(std::move(f));
+      continue;
+    }
+    // A node whose window is full keeps it until a reply of its own frees room; the others go on.
+    if (windows_.offer(f.node, f) == NodeWindows<Fetch>::Admit::kSend) out.push_back(std::move(f));
+  }
+  return true;
 }
 
 std::pair<size_t, size_t> PrefetchEngine::route_of(const std::string& redis_key) const {
@@ -585,6 +617,8 @@ void PrefetchEngine::plan_extend(PlanWriter writer, std::span<const PlannedFile>
   }
   // Objects read last epoch are unread again in the one the new plan begins.
   if (model_->plan_published(new_plan)) new_epoch_locked();
+  // The plans propose again from their readers' positions.
+  passed_for_stagers_.clear();
   plan_written_ = Clock::now();
   work_.notify_all();
 }
@@ -634,6 +668,8 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.disk_stagers = disk_stagers_;
   s.staging = staging_.size() + staging_busy_;
   s.staging_peak = staging_peak_;
+  s.passed_for_stagers = passed_for_stagers_.size();
+  s.passed_for_stagers_peak = passed_peak_;
   s.staged_before_first_read = staged_before_first_read_;
   s.failures = failures_.load(std::memory_order_relaxed);
   s.plan_entries = model_->plan().entries();

@@ -91,10 +91,14 @@ struct EngineStats {
   double files_per_s = 0;
   size_t connections = 0;
   uint64_t gets = 0;
-  uint64_t disk_reads = 0;     // prefetches staged from the disk tier, not Redis
-  size_t disk_stagers = 0;     // threads staging from the disk tier (0: no tier, or off)
-  uint64_t staging = 0;        // fetches queued for them or being read
-  uint64_t staging_peak = 0;   // the most at once since the mount
+  uint64_t disk_reads = 0;    // prefetches staged from the disk tier, not Redis
+  size_t disk_stagers = 0;    // threads staging from the disk tier (0: no tier, or off)
+  uint64_t staging = 0;       // fetches queued for them or being read
+  uint64_t staging_peak = 0;  // the most at once since the mount
+  // Files the walk of a plan passed on for the stagers while their queue was full, to go on to
+  // those the tier lacks: waiting now, and the most at once since the mount.
+  uint64_t passed_for_stagers = 0;
+  uint64_t passed_for_stagers_peak = 0;
   uint64_t failures = 0;       // prefetches given up (Redis errors, bad data)
   uint64_t plan_entries = 0;   // every writer's plan together
   uint64_t plan_position = 0;  // entries read, every writer's plan together
@@ -186,9 +190,16 @@ class PrefetchEngine {
   std::vector<Fetch> next_fetches(size_t outstanding, std::vector<ReadySource>& ready);
   // Proposes files while there is room: those the disk tier holds into staging_ (up to
   // staging_limit()), the others into `out` (at most about `room`, under their node's window).
+  // While a plan leads, files for the stagers that find their queue full are passed on
+  // (passed_for_stagers_, up to the windows' limit) and the walk goes on to files for Redis.
   // Stops at the first file that finds no room, keeping it for later (held_); true when that
   // file goes to Redis (a worker must take it). mutex_ held.
   bool propose_locked(size_t room, std::vector<Fetch>& out, std::vector<ReadySource>& ready);
+  // Reserves cache room for every chunk of the proposed file and queues its fetches: into
+  // staging_ (from_disk) or `out`/its node's window. False (nothing reserved) when the cache has
+  // no room. Chunks already cached are promoted (and added to `ready`). mutex_ held.
+  bool reserve_locked(const Proposal& proposal, bool from_disk, std::vector<Fetch>& out,
+                      std::vector<ReadySource>& ready);
   // The most fetches one worker takes at once. Replies on one connection come back in the order
   // sent, and the connections share the path: a worker that took the next thousand planned files
   // would have the readers' next file wait behind them while every other connection's replies
@@ -235,7 +246,11 @@ class PrefetchEngine {
   uint64_t inflight_peak_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::optional<Proposal> held_;  // proposed, but the cache had no room yet
-  std::vector<ObjectKey> held_keys_;
+  // Proposed for the stagers while their queue was full, in order, no cache room reserved yet:
+  // staged before anything the walk proposes later. Only while a plan leads; cleared when a plan
+  // is written (the plans propose again from their readers' positions).
+  std::deque<Proposal> passed_for_stagers_;
+  uint64_t passed_peak_ = 0;
   std::chrono::steady_clock::time_point last_access_{};
   std::chrono::steady_clock::time_point plan_written_{};
   bool was_active_ = false;

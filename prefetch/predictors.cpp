@@ -298,6 +298,11 @@ uint64_t PlansPredictor::entries() const {
   return total;
 }
 
+bool PlansPredictor::lists_unread(FileId file) const {
+  return std::any_of(plans_.begin(), plans_.end(),
+                     [file](const auto& p) { return p.second->distance(file).has_value(); });
+}
+
 uint64_t PlansPredictor::position() const {
   uint64_t total = 0;
   for (const auto& [writer, plan] : plans_) total += plan->position();

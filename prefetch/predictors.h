@@ -207,8 +207,9 @@ class PlansPredictor final : public Predictor {
   void clear(Writer writer);
   void append(Writer writer, FileId file);
   void forget(Writer writer);
-  uint64_t entries() const;   // every plan's
-  uint64_t position() const;  // entries read, every plan's
+  uint64_t entries() const;              // every plan's
+  uint64_t position() const;             // entries read, every plan's
+  bool lists_unread(FileId file) const;  // some plan lists `file` at a position not read yet
   size_t writers() const { return plans_.size(); }
 
  private:

@@ -1,8 +1,11 @@
 // The prefetch engine against a real redis-server, below FUSE: a plan is fetched ahead into the
 // cache and then served without a GET, reads stay right when objects are evicted and read again,
 // Redis going away only costs the prefetches, and the plan file's write semantics.
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -387,6 +390,126 @@ TEST_F(PrefetchEngineDiskTierTest, StoppingWithFilesQueuedForTheStagersReservesN
     EXPECT_EQ(engine_->stats().staging, 0u);
     for (uint32_t k = 0; k < 20; ++k) read_and_check(order[k]);
   }
+}
+
+// A tier that holds only the first files of a plan, the first of them named pipes: a stager
+// that opens one waits until the test lets it go (unblock()), so the stagers' queue stays full.
+class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
+ protected:
+  static constexpr uint32_t kOnDisk = 24;
+  static constexpr uint32_t kBlocked = 4;  // one per stager
+
+  explicit PrefetchEnginePartialTierTest() {
+    partial_tier_.start();
+    order_.resize(kFiles);
+    for (uint32_t i = 0; i < kFiles; ++i) order_[i] = i;
+    std::shuffle(order_.begin(), order_.end(), std::mt19937_64(10));
+    for (uint32_t k = 0; k < kOnDisk; ++k) {
+      partial_fetcher_.offer_to_disk(datasets_[0], entry_of_file(order_[k]), 0,
+                                     std::make_shared<const ObjectData>(file_bytes(order_[k])));
+    }
+    partial_tier_.flush();
+    for (uint32_t k = 0; k < kBlocked; ++k) {
+      const std::filesystem::path path = partial_tier_.path_of(
+          DiskTierKey{
+              .dataset = kName, .generation = kGeneration, .object_id = order_[k] + 1, .chunk = 0},
+          file_size(order_[k]));
+      std::filesystem::remove(path);
+      EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+      pipes_.push_back(path);
+    }
+    engine_fetcher_ = &partial_fetcher_;
+  }
+  ~PrefetchEnginePartialTierTest() override {
+    unblock();
+    engine_.reset();
+    reader_.reset();
+  }
+  // A stager waiting to open a pipe opens it (a writer came) and reads it empty (the writer is
+  // gone): a short file, dropped, fetched from Redis. One yet to open it finds it gone.
+  void unblock() {
+    for (const std::filesystem::path& path : pipes_) {
+      const int writer = ::open(path.c_str(), O_RDWR | O_NONBLOCK);  // never blocks on a FIFO
+      std::filesystem::remove(path);
+      if (writer >= 0) ::close(writer);
+    }
+    pipes_.clear();
+  }
+
+  std::vector<uint32_t> order_;
+  std::vector<std::filesystem::path> pipes_;
+  test::TempDir dir_{"dsfs-engine-partial-tier"};
+  DiskTier partial_tier_{DiskTierOptions{.dir = dir_.path() / "tier", .capacity_bytes = 64 << 20}};
+  ObjectFetcher partial_fetcher_{client_, catalog::KeySchema("dsfs"),
+                                 FetcherOptions{.timeout = 5s, .disk_tier = &partial_tier_}};
+};
+
+// While a plan leads, the walk goes on past files for the stagers when their queue is full, to
+// files the tier lacks, which go to Redis: far away each must be asked a round trip before its
+// read, and the stagers' queue is a few milliseconds long. The walk used to stop at the first file
+// that found the queue full (here for good: the stagers wait on pipes).
+TEST_F(PrefetchEnginePartialTierTest, WhileAPlanLeadsTheWalkGoesPastAFullStagersQueue) {
+  make_engine(64 << 20,
+              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4});
+  plan(order_);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().gets == kFiles - kOnDisk; }))
+      << engine_->stats().gets << " files fetched from Redis while the stagers wait";
+  EngineStats stats = engine_->stats();
+  EXPECT_EQ(stats.staging, 8u);  // 4 opening a pipe, 4 queued
+  EXPECT_EQ(stats.passed_for_stagers, kOnDisk - 8);
+  EXPECT_EQ(stats.disk_reads, 0u);
+  unblock();
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
+  stats = engine_->stats();
+  EXPECT_EQ(stats.disk_reads, kOnDisk - kBlocked);
+  EXPECT_EQ(stats.gets, kFiles - kOnDisk + kBlocked);  // the pipes, dropped as short files
+  EXPECT_EQ(stats.passed_for_stagers, 0u);
+  EXPECT_EQ(stats.passed_for_stagers_peak, kOnDisk - 8);
+  for (const uint32_t i : order_) read_and_check(i);
+  EXPECT_EQ(reader_->stats().ready, kFiles);
+}
+
+// A file passed on for the stagers that its reader takes first (from the tier itself) is not
+// proposed again after its read: staging or promoting it then would keep a file already read as
+// if it were still to come (the view's source listener would also render it again).
+TEST_F(PrefetchEnginePartialTierTest, AFileReadBeforeItsStagingIsNotProposedAfterIt) {
+  std::mutex mutex;
+  std::vector<uint32_t> proposed;  // entries the listener was told of
+  make_engine(64 << 20,
+              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4},
+              [&](PrefetchEngine& engine) {
+                engine.set_source_listener(
+                    [&](const DatasetSnapshot&, uint32_t entry, uint64_t, ObjectBuffer) {
+                      std::lock_guard lock(mutex);
+                      proposed.push_back(entry);
+                    });
+              });
+  plan(order_);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().gets == kFiles - kOnDisk; }));
+  ASSERT_EQ(engine_->stats().passed_for_stagers, kOnDisk - 8);
+  // Every GET answered (and told of): the 8 staged are all that is in flight.
+  ASSERT_TRUE(eventually([&] { return engine_->stats().inflight_objects == 8; }));
+  // Read every file passed on (not those queued: a stager could be taking one), then let the
+  // stagers go.
+  for (uint32_t k = 8; k < kOnDisk; ++k) read_and_check(order_[k]);
+  {
+    std::lock_guard lock(mutex);
+    proposed.clear();
+  }
+  unblock();
+  ASSERT_TRUE(eventually([&] {
+    const EngineStats s = engine_->stats();
+    return s.staging == 0 && s.passed_for_stagers == 0 && s.inflight_objects == 0;
+  }));
+  EXPECT_EQ(engine_->stats().disk_reads, 4u) << "the 4 queued behind the pipes, and no more";
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_EQ(proposed.size(), kBlocked + 4) << "the pipes' files (from Redis) and the 4 queued";
+    for (uint32_t k = 8; k < kOnDisk; ++k) {
+      EXPECT_EQ(std::count(proposed.begin(), proposed.end(), entry_of_file(order_[k])), 0) << k;
+    }
+  }
+  for (const uint32_t i : order_) read_and_check(i);
 }
 
 TEST(InflightControl, SlowStartGrowsToTheBoundAndRestartsAfterIdle) {
