@@ -5,7 +5,8 @@ sized to hold the whole dataset), at 0 and 100 ms from Redis.
 
     bench/disk_tier.py [--build build | --builds A,B [--labels a,b]] [--runs 1] [--files 2000]
                        [--rtts 0,100] [--epochs 3] [--epoch-seconds 40] [--readers c,python,plan]
-                       [--disk-dir /tmp] [--no-remount] [--name disk_tier] [--quick]
+                       [--disk-dir /tmp] [--no-remount] [--no-warm-up] [--name disk_tier]
+                       [--quick]
 
 With --builds every case runs with each build in turn (same data, same server, same reader
 binary: the first build's), so two builds of the daemon compare side by side in one run.
@@ -15,7 +16,9 @@ redis-server (unix socket, no persistence) and frees the tmpfs copy. 0 ms = the 
 other RTTs = `dsfs proxy --rtt` in front of it. For every RTT, mode (`none`: no tier; `disk`:
 `--disk-cache` on a fresh directory under --disk-dir, sized to the dataset + 1% + 4 KiB per file
 + 16 MiB; --tier-fraction F sizes it to F of that + 16 MiB, a tier that evicts) and reader, a
-fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan) reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's files included):
+fresh mount (`--prefetch auto`, `--cache-size` 25% of the data, no plan) reads EPOCHS shuffled epochs, the page cache dropped before each (the tier's files included). Each RTT's cases
+follow one unrecorded case (the last mode, the first reader, the first build, one epoch; not
+with --no-warm-up): the first case after a fresh proxy, or after the ingest, read slower.
 
 - c: one `dsfs bench MOUNT/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches --seed S+E
   --duration EPOCH_SECONDS` per epoch;
@@ -299,8 +302,9 @@ class Bench:
                 "daemon_hwm_bytes": usage.get("hwm_bytes"),
                 "staged_before_first_read": staged_early}
 
-    def case(self, rtt, url, mode, reader, seed, build):
+    def case(self, rtt, url, mode, reader, seed, build, epochs=None, with_remount=True):
         a = self.args
+        epochs_to_read = epochs or a.epochs
         cache = max(1 << 20, int(self.dataset["bytes"] * CACHE_FRACTION))
         label, dsfs = build
         args = [dsfs, "mount", self.mnt, "--redis", url, "--dataset", "bench",
@@ -321,12 +325,12 @@ class Bench:
             cpu0 = process_usage(pid)["cpu_s"]
             at_mount = counters(self.stats())
             case_gets0 = server_gets(self.redis.sock)
-            epochs = self.read_epochs(reader, seed, a.epochs)
+            epochs = self.read_epochs(reader, seed, epochs_to_read)
             usage = process_usage(pid)
             at_end = counters(self.stats())
             case_server_gets = server_gets(self.redis.sock) - case_gets0
-            if mode == "disk" and a.remount:
-                remount = self.remount(args, reader, seed + a.epochs)
+            if mode == "disk" and a.remount and with_remount:
+                remount = self.remount(args, reader, seed + epochs_to_read)
         finally:
             self.umount()
             if self.tier_dir:
@@ -367,6 +371,12 @@ class Bench:
             url = self.proxy.url
         else:
             url = self.redis.url
+        if a.warm_up:
+            # Not recorded: the first case after a fresh proxy (or the ingest) read its first
+            # epoch slower, and the first with a tier dropped the most deferred writes.
+            c = self.case(rtt, url, a.modes[-1], a.readers[0], 999, self.builds[0], epochs=1,
+                          with_remount=False)
+            log(f"warm-up, rtt {rtt} ms: {c['epochs'][0]['files_per_s']:.0f} files/s (not recorded)")
         for mode, reader, build in [(m, r, b) for m in a.modes for r in a.readers
                                     for b in self.builds]:
             c = self.case(rtt, url, mode, reader, 1000, build)
@@ -499,6 +509,8 @@ def main():
                         "(the prefetch workers, which also stage from the tier, one read each)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
     p.add_argument("--keep-data", action="store_true")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="skip the unrecorded one-epoch case that precedes each RTT's cases")
     p.add_argument("--no-remount", dest="remount", action="store_false",
                    help="disk mode: skip the remount epoch (unmount, mount again on the same tier "
                    "directory, one more shuffled epoch)")
