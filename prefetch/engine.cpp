@@ -323,7 +323,13 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
         (staging_.size() + staging_busy_ >= staging_limit() || !passed_for_stagers_.empty())) {
       // While a plan leads, the walk goes on past files for the stagers (no cache room taken
       // yet) to those the tier lacks: 100 ms away each of those must be asked a round trip
-      // before its read, and the stagers' queue is only a few milliseconds long.
+      // before its read, and the stagers' queue is only a few milliseconds long. One the memory
+      // cache holds whole needs no stager: it is kept for this use at once.
+      if (plan_leads && cached_whole_locked(d, entry)) {
+        reserve_locked(*held_, from_disk, out, ready);  // only promotes
+        held_.reset();
+        continue;
+      }
       if (plan_leads && passed_for_stagers_.size() < windows_.limit()) {
         passed_for_stagers_.push_back(*held_);
         passed_peak_ = std::max<uint64_t>(passed_peak_, passed_for_stagers_.size());
@@ -345,6 +351,19 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
     staging_work_.notify_all();
   }
   return for_redis_waits;
+}
+
+bool PrefetchEngine::cached_whole_locked(const DatasetSnapshot& d, uint32_t entry) const {
+  const catalog::Catalog& catalog = *d.catalog;
+  for (uint32_t chunk = 0; chunk < catalog.chunk_count(entry); ++chunk) {
+    if (!cache_.present(ObjectKey{.dataset = d.index,
+                                  .chunk = chunk,
+                                  .generation = d.generation(),
+                                  .object_id = catalog.entry(entry).object_id})) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool PrefetchEngine::reserve_locked(const Proposal& proposal, bool from_disk,

@@ -200,6 +200,8 @@ class PrefetchEngine {
   // no room. Chunks already cached are promoted (and added to `ready`). mutex_ held.
   bool reserve_locked(const Proposal& proposal, bool from_disk, std::vector<Fetch>& out,
                       std::vector<ReadySource>& ready);
+  // Whether the memory cache holds (or is loading) every chunk of the file.
+  bool cached_whole_locked(const DatasetSnapshot& d, uint32_t entry) const;
   // The most fetches one worker takes at once. Replies on one connection come back in the order
   // sent, and the connections share the path: a worker that took the next thousand planned files
   // would have the readers' next file wait behind them while every other connection's replies

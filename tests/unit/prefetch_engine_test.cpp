@@ -469,6 +469,35 @@ TEST_F(PrefetchEnginePartialTierTest, WhileAPlanLeadsTheWalkGoesPastAFullStagers
   EXPECT_EQ(reader_->stats().ready, kFiles);
 }
 
+// A file the memory cache already holds is not passed on with the files for the stagers: the
+// walk keeps it for its coming use at once (a passed file waits unpromoted, and staging the
+// others could evict it meanwhile).
+TEST_F(PrefetchEnginePartialTierTest, AFileTheCacheHoldsIsKeptAtOnceNotPassedOn) {
+  std::mutex mutex;
+  std::vector<uint32_t> proposed;  // entries the listener was told of
+  make_engine(64 << 20,
+              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4},
+              [&](PrefetchEngine& engine) {
+                engine.set_source_listener(
+                    [&](const DatasetSnapshot&, uint32_t entry, uint64_t, ObjectBuffer) {
+                      std::lock_guard lock(mutex);
+                      proposed.push_back(entry);
+                    });
+              });
+  read_and_check(order_[10]);  // in the memory cache now, and on disk
+  plan(order_);
+  ASSERT_TRUE(eventually([&] { return engine_->stats().gets == kFiles - kOnDisk; }));
+  EXPECT_EQ(engine_->stats().passed_for_stagers, kOnDisk - 8 - 1);
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_EQ(std::count(proposed.begin(), proposed.end(), entry_of_file(order_[10])), 1);
+  }
+  unblock();
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
+  EXPECT_EQ(engine_->stats().disk_reads, kOnDisk - kBlocked - 1);
+  for (const uint32_t i : order_) read_and_check(i);
+}
+
 // A file passed on for the stagers that its reader takes first (from the tier itself) is not
 // proposed again after its read: staging or promoting it then would keep a file already read as
 // if it were still to come (the view's source listener would also render it again).
