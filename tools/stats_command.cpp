@@ -201,12 +201,12 @@ std::string disk_tier_row(const Json& stats) {
           count_text(number(*tier, {"writes_dropped"})),
           count_text(number(*tier, {"checksum_failures"})),
           count_text(number(*tier, {"write_errors"}))) +
-          fmt::format(
-              "  staging {} (peak {}, {} readers, {} before the first read)",
-              count_text(number(stats, {"prefetch", "disk_staging", "objects"})),
-              count_text(number(stats, {"prefetch", "disk_staging", "peak"})),
-              count_text(number(stats, {"prefetch", "disk_staging", "threads"})),
-              count_text(number(stats, {"prefetch", "disk_staging", "before_first_read"}))));
+          fmt::format("  staging {} (peak {}, {} readers, {} before the first read, {} passed on)",
+                      count_text(number(stats, {"prefetch", "disk_staging", "objects"})),
+                      count_text(number(stats, {"prefetch", "disk_staging", "peak"})),
+                      count_text(number(stats, {"prefetch", "disk_staging", "threads"})),
+                      count_text(number(stats, {"prefetch", "disk_staging", "before_first_read"})),
+                      count_text(number(stats, {"prefetch", "disk_staging", "passed_on"}))));
 }
 
 // The datasets shown and what the watcher changed: "3 listed  added 1  removed 0  refreshed 2

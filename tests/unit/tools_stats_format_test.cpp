@@ -90,19 +90,20 @@ TEST(StatsFormatTest, TheDiskTierHasARowOnlyWhenTheMountHasOne) {
       "entries": 12345, "hits": 100, "direct_reads": 60, "misses": 7, "bytes_read": 500000000,
       "writes": 20, "writes_deferred": 3, "writes_dropped": 0, "checksum_failures": 1, "write_errors": 2})");
   stats["prefetch"]["disk_staging"] =
-      Json::parse(R"({"threads": 16, "objects": 9, "peak": 32, "before_first_read": 7})");
+      Json::parse(R"({"threads": 16, "objects": 9, "peak": 32, "before_first_read": 7,
+          "passed_on": 1200, "passed_on_peak": 1900})");
   EXPECT_EQ(line_of(format_stats_summary(stats, "/m"), "disk tier"),
             "disk tier  2.0 GB of 4.0 GB (50.0%)  12,345 objects  hits 100 (60 direct)  misses 7  "
             "read 500.0 MB"
             "  written 20  deferred 3  dropped 0  bad files 1  write errors 2"
-            "  staging 9 (peak 32, 16 readers, 7 before the first read)");
+            "  staging 9 (peak 32, 16 readers, 7 before the first read, 1,200 passed on)");
   // A mount from before the stagers: their figures read as missing, the rest stands.
   stats["prefetch"].erase("disk_staging");
   EXPECT_EQ(line_of(format_stats_summary(stats, "/m"), "disk tier"),
             "disk tier  2.0 GB of 4.0 GB (50.0%)  12,345 objects  hits 100 (60 direct)  misses 7  "
             "read 500.0 MB"
             "  written 20  deferred 3  dropped 0  bad files 1  write errors 2"
-            "  staging - (peak -, - readers, - before the first read)");
+            "  staging - (peak -, - readers, - before the first read, - passed on)");
 }
 
 TEST(StatsFormatTest, AMountThatPredatesTheWatcherListsItsDatasetsOnly) {
