@@ -435,7 +435,26 @@ class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
     }
     pipes_.clear();
   }
+  // The engine of these tests (a plan, 8 connections, 4 stagers); the entries its source
+  // listener is told of are kept in told_.
+  void make_listening_engine() {
+    make_engine(64 << 20,
+                EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4},
+                [this](PrefetchEngine& engine) {
+                  engine.set_source_listener(
+                      [this](const DatasetSnapshot&, uint32_t entry, uint64_t, ObjectBuffer) {
+                        std::lock_guard lock(told_mutex_);
+                        told_.push_back(entry);
+                      });
+                });
+  }
+  std::vector<uint32_t> told_of() {
+    std::lock_guard lock(told_mutex_);
+    return told_;
+  }
 
+  std::mutex told_mutex_;
+  std::vector<uint32_t> told_;
   std::vector<uint32_t> order_;
   std::vector<std::filesystem::path> pipes_;
   test::TempDir dir_{"dsfs-engine-partial-tier"};
@@ -449,8 +468,7 @@ class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
 // read, and the stagers' queue is a few milliseconds long. The walk used to stop at the first file
 // that found the queue full (here for good: the stagers wait on pipes).
 TEST_F(PrefetchEnginePartialTierTest, WhileAPlanLeadsTheWalkGoesPastAFullStagersQueue) {
-  make_engine(64 << 20,
-              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4});
+  make_listening_engine();
   plan(order_);
   ASSERT_TRUE(eventually([&] { return engine_->stats().gets == kFiles - kOnDisk; }))
       << engine_->stats().gets << " files fetched from Redis while the stagers wait";
@@ -473,25 +491,13 @@ TEST_F(PrefetchEnginePartialTierTest, WhileAPlanLeadsTheWalkGoesPastAFullStagers
 // walk keeps it for its coming use at once (a passed file waits unpromoted, and staging the
 // others could evict it meanwhile).
 TEST_F(PrefetchEnginePartialTierTest, AFileTheCacheHoldsIsKeptAtOnceNotPassedOn) {
-  std::mutex mutex;
-  std::vector<uint32_t> proposed;  // entries the listener was told of
-  make_engine(64 << 20,
-              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4},
-              [&](PrefetchEngine& engine) {
-                engine.set_source_listener(
-                    [&](const DatasetSnapshot&, uint32_t entry, uint64_t, ObjectBuffer) {
-                      std::lock_guard lock(mutex);
-                      proposed.push_back(entry);
-                    });
-              });
+  make_listening_engine();
   read_and_check(order_[10]);  // in the memory cache now, and on disk
   plan(order_);
   ASSERT_TRUE(eventually([&] { return engine_->stats().gets == kFiles - kOnDisk; }));
   EXPECT_EQ(engine_->stats().passed_for_stagers, kOnDisk - 8 - 1);
-  {
-    std::lock_guard lock(mutex);
-    EXPECT_EQ(std::count(proposed.begin(), proposed.end(), entry_of_file(order_[10])), 1);
-  }
+  const std::vector<uint32_t> told = told_of();
+  EXPECT_EQ(std::count(told.begin(), told.end(), entry_of_file(order_[10])), 1);
   unblock();
   ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }));
   EXPECT_EQ(engine_->stats().disk_reads, kOnDisk - kBlocked - 1);
@@ -502,17 +508,7 @@ TEST_F(PrefetchEnginePartialTierTest, AFileTheCacheHoldsIsKeptAtOnceNotPassedOn)
 // proposed again after its read: staging or promoting it then would keep a file already read as
 // if it were still to come (the view's source listener would also render it again).
 TEST_F(PrefetchEnginePartialTierTest, AFileReadBeforeItsStagingIsNotProposedAfterIt) {
-  std::mutex mutex;
-  std::vector<uint32_t> proposed;  // entries the listener was told of
-  make_engine(64 << 20,
-              EngineOptions{.mode = PrefetchMode::kPlan, .connections = 8, .disk_stagers = 4},
-              [&](PrefetchEngine& engine) {
-                engine.set_source_listener(
-                    [&](const DatasetSnapshot&, uint32_t entry, uint64_t, ObjectBuffer) {
-                      std::lock_guard lock(mutex);
-                      proposed.push_back(entry);
-                    });
-              });
+  make_listening_engine();
   plan(order_);
   ASSERT_TRUE(eventually([&] { return engine_->stats().gets == kFiles - kOnDisk; }));
   ASSERT_EQ(engine_->stats().passed_for_stagers, kOnDisk - 8);
@@ -522,8 +518,8 @@ TEST_F(PrefetchEnginePartialTierTest, AFileReadBeforeItsStagingIsNotProposedAfte
   // stagers go.
   for (uint32_t k = 8; k < kOnDisk; ++k) read_and_check(order_[k]);
   {
-    std::lock_guard lock(mutex);
-    proposed.clear();
+    std::lock_guard lock(told_mutex_);
+    told_.clear();
   }
   unblock();
   ASSERT_TRUE(eventually([&] {
@@ -531,12 +527,10 @@ TEST_F(PrefetchEnginePartialTierTest, AFileReadBeforeItsStagingIsNotProposedAfte
     return s.staging == 0 && s.passed_for_stagers == 0 && s.inflight_objects == 0;
   }));
   EXPECT_EQ(engine_->stats().disk_reads, 4u) << "the 4 queued behind the pipes, and no more";
-  {
-    std::lock_guard lock(mutex);
-    EXPECT_EQ(proposed.size(), kBlocked + 4) << "the pipes' files (from Redis) and the 4 queued";
-    for (uint32_t k = 8; k < kOnDisk; ++k) {
-      EXPECT_EQ(std::count(proposed.begin(), proposed.end(), entry_of_file(order_[k])), 0) << k;
-    }
+  const std::vector<uint32_t> told = told_of();
+  EXPECT_EQ(told.size(), kBlocked + 4) << "the pipes' files (from Redis) and the 4 queued";
+  for (uint32_t k = 8; k < kOnDisk; ++k) {
+    EXPECT_EQ(std::count(told.begin(), told.end(), entry_of_file(order_[k])), 0) << k;
   }
   for (const uint32_t i : order_) read_and_check(i);
 }
