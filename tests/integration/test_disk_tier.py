@@ -360,7 +360,8 @@ class DiskTierTest(DsfsTestCase):
         summary = self.dsfs("stats", mnt, redis=False).stdout
         tier_line = next(line for line in summary.splitlines() if line.startswith("disk tier"))
         # (Nothing staged before the first read: the tier was empty at the mount.)
-        self.assertIn(f"staging 0 (peak {peak}, 3 readers, 0 before the first read)", tier_line)
+        self.assertRegex(tier_line, rf"staging 0 \(peak {peak}, 3 readers, 0 before the first read, "
+                                    r"[0-9,]+ passed on\)")
 
     def test_planned_files_damaged_on_disk_come_right_from_redis(self):
         """Every tier file damaged after epoch 1 (a byte flipped: the index still lists them):
