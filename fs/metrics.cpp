@@ -214,6 +214,10 @@ void append_prefetch(Exposition& x, const prefetch::ReadStats& reads,
   x.gauge("dsfs_prefetch_inflight_objects", "Prefetch GETs in flight now", e.inflight_objects);
   x.gauge("dsfs_prefetch_disk_staging_objects",
           "Prefetches queued for the disk tier's readers or being read now", e.staging);
+  x.gauge("dsfs_prefetch_disk_staging_passed_on_files",
+          "Files a plan's walk passed on while the disk tier's readers were busy, to stage when "
+          "their queue frees up",
+          e.passed_for_stagers);
   x.gauge("dsfs_prefetch_inflight_bytes", "Bytes of prefetch GETs in flight now", e.inflight_bytes);
   x.gauge("dsfs_prefetch_rtt_seconds", "Measured Redis round-trip time", e.rtt_ms / 1000.0);
   x.gauge("dsfs_prefetch_epoch", "The epoch the prefetch engine believes readers are in", e.epoch);

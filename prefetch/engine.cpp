@@ -319,12 +319,12 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
       held_.reset();  // nothing from Redis before the first read: left to its reader
       continue;
     }
-    if (from_disk &&
-        (staging_.size() + staging_busy_ >= staging_limit() || !passed_for_stagers_.empty())) {
+    if (from_disk && staging_.size() + staging_busy_ >= staging_limit()) {
       // While a plan leads, the walk goes on past files for the stagers (no cache room taken
       // yet) to those the tier lacks: 100 ms away each of those must be asked a round trip
       // before its read, and the stagers' queue is only a few milliseconds long. One the memory
-      // cache holds whole needs no stager: it is kept for this use at once.
+      // cache holds whole needs no stager: it is kept for this use at once. (Files are passed
+      // on only while the queue is full, and it stays full under the lock, so none jumps them.)
       if (plan_leads && cached_whole_locked(d, entry)) {
         reserve_locked(*held_, from_disk, out, ready);  // only promotes
         held_.reset();

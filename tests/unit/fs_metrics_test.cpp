@@ -268,6 +268,8 @@ class MetricsRender : public ::testing::Test {
     reads.record(prefetch::ReadOutcome::kMiss, std::chrono::milliseconds(2));
     cache.capacity_bytes = 1 << 20;
     cache.bytes = 35;
+    engine.staging = 4;
+    engine.passed_for_stagers = 9;
     views.cache.capacity_bytes = 1 << 19;
     odd.catalog = three_files();
     odd.info.name = "we\"ird\\name\nx";  // not a name ingest allows; the renderer must cope
@@ -351,6 +353,9 @@ TEST_F(MetricsRender, FiguresMatchTheSourcesAndStatsJson) {
   EXPECT_EQ(value_of(x, "dsfs_prefetch_reads_total", {{"outcome", "joined"}}), "0");
   EXPECT_EQ(value_of(x, "dsfs_prefetch_reads_total", {{"outcome", "miss"}}), "1");
   EXPECT_EQ(json["prefetch"]["reads"]["miss"], 1);
+  EXPECT_EQ(value_of(x, "dsfs_prefetch_disk_staging_objects"), "4");
+  EXPECT_EQ(value_of(x, "dsfs_prefetch_disk_staging_passed_on_files"), "9");
+  EXPECT_EQ(json["prefetch"]["disk_staging"]["passed_on"], 9);
   EXPECT_EQ(value_of(x, "dsfs_read_stall_seconds_count"), "2");
   EXPECT_EQ(value_of(x, "dsfs_read_stall_seconds_bucket", {{"le", "+Inf"}}), "2");
   EXPECT_NEAR(std::stod(*value_of(x, "dsfs_read_stall_seconds_sum")),
