@@ -1,5 +1,6 @@
 """Shared fixtures for integration tests: a real redis-server on a free port, the dsfs binary,
 temporary directories and FUSE mounts that are always cleaned up."""
+import json
 import os
 import shutil
 import socket
@@ -175,6 +176,13 @@ def chars_read(pid):
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
+def mount_stats(mnt):
+    """MOUNT/.dsfs/stats.json as a dict. One open and one unbuffered read, so that reading it
+    sends the same FUSE requests each time (no isatty() ioctl, no second read)."""
+    with open(os.path.join(mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
+        return json.loads(f.read())
+
+
 def is_mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:
@@ -248,6 +256,9 @@ class DsfsTestCase(unittest.TestCase):
         self.mounts.append(mnt)
         self.assertTrue(is_mounted(mnt), f"{mnt} not mounted after `dsfs mount` returned")
         return mnt
+
+    def stats(self, mnt):
+        return mount_stats(mnt)
 
     def umount(self, mnt):
         self.dsfs("umount", mnt, redis=False)

@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import unittest
 
 from harness import DSFS, DsfsTestCase, chars_read, run, signal_handled, wait_for

@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from harness import DSFS, Proxy, run, wait_for, is_mounted
+from harness import DSFS, Proxy, run, wait_for, is_mounted, mount_stats
 from test_soak_faults import Readers, sha256, synth_dataset
 
 import random
@@ -104,8 +104,7 @@ class ClusterCase(unittest.TestCase):
         return mnt
 
     def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)
+        return mount_stats(mnt)
 
     def ingest(self, seed=11, name="src"):
         src = os.path.join(self.work, name)

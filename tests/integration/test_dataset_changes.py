@@ -31,10 +31,6 @@ class DatasetChangeTest(DsfsTestCase):
             contents[rel] = data
         return src, contents
 
-    def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
-            return json.loads(f.read())
-
     @staticmethod
     def datasets_in(directory):
         """The names listed in `directory`, the mount's own dot-directories left out."""

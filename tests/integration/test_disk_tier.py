@@ -69,10 +69,6 @@ class DiskTierTest(DsfsTestCase):
         return self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
                           "--disk-cache-size", "64MiB", *extra, name=name)
 
-    def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)
-
     def redis_gets(self):
         info = self.redis.cli("INFO", "commandstats")
         for line in info.splitlines():

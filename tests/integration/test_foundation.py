@@ -1,19 +1,16 @@
 """End-to-end: ingest a synthetic ImageFolder tree plus awkward files into a real redis-server,
 mount it with FUSE, and check it behaves as an ordinary read-only copy of the source."""
 import errno
-import hashlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import tarfile
 import tempfile
-import threading
 import time
 import unittest
 
-from harness import DSFS, DsfsTestCase, free_port, is_mounted, run
+from harness import DSFS, DsfsTestCase, free_port, is_mounted, mount_stats, run
 
 SOURCE = None  # module-wide source tree: synth output plus awkward files
 
@@ -134,8 +131,7 @@ class IngestMountTest(DsfsTestCase):
         self.assertEqual(info["generation"], 1)
         self.assertEqual(info["source"], os.path.realpath(SOURCE))
         self.assertEqual(info["checksum"], "xxh64")
-        with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
-            stats = json.load(f)
+        stats = mount_stats(self.mnt)
         self.assertEqual(stats["namespace"], "dsfs")
         self.assertEqual(stats["redis"], self.redis.url)
         self.assertEqual(stats["datasets"]["imgs"]["files"], len(src_files))

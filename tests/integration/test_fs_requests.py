@@ -3,7 +3,6 @@ counts every request kind the daemon answers, ioctl and flush included): the rea
 real redis-server and a real FUSE mount, read the way Python loaders and `ls -l` read."""
 import errno
 import fcntl
-import json
 import os
 import random
 import subprocess
@@ -14,7 +13,7 @@ import unittest
 from PIL import Image
 from torchvision import datasets
 
-from harness import DsfsTestCase
+from harness import DsfsTestCase, mount_stats
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                                 "python"))
@@ -44,9 +43,7 @@ class FuseRequestTest(DsfsTestCase):
 
     @staticmethod
     def stats(mnt):
-        # buffering=0: no isatty() ioctl of its own.
-        with open(os.path.join(mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
-            return json.loads(f.read())["requests"]
+        return mount_stats(mnt)["requests"]
 
     @staticmethod
     def requests(mnt, action):

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 import unittest
 
 from harness import DSFS, DsfsTestCase, signal_delivered, wait_for

@@ -2,7 +2,6 @@
 binary, a real redis-server and a real FUSE mount; the text is read by Debian's
 python3-prometheus-client parser, and its figures are checked against what the test read and
 against MOUNT/.dsfs/stats.json."""
-import json
 import math
 import os
 import random
@@ -12,7 +11,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import DsfsTestCase, free_port, is_mounted
+from harness import DsfsTestCase, free_port, is_mounted, mount_stats
 
 CLASSES = 2
 FILES_PER_CLASS = 12
@@ -113,8 +112,7 @@ class MetricsTest(DsfsTestCase):
         self.assertEqual(read, self.total_bytes)
 
         families = self.scrape(port)
-        with open(os.path.join(mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
-            stats = json.loads(f.read())
+        stats = mount_stats(mnt)
         bytes_read = self.value(families, "dsfs_read_bytes")
         self.assertGreaterEqual(bytes_read - read_before, read)
         files_read = self.value(families, "dsfs_files_read")

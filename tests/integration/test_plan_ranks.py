@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets
 
-from harness import DsfsTestCase, Proxy, run, synth_data, wait_for
+from harness import DsfsTestCase, Proxy, mount_stats, run, synth_data, wait_for
 
 dsfs_torch_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                               "python")
@@ -107,8 +107,7 @@ class PlanRanksTest(DsfsTestCase):
         self.proxy.stop()
 
     def stats(self):
-        with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)
+        return mount_stats(self.mnt)
 
     def cache_filled_bytes(self):
         cache = self.stats()["cache"]

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 from torchvision import datasets
 
-from harness import DSFS, DsfsTestCase, run
+from harness import DSFS, DsfsTestCase, mount_stats, run
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                                 "python"))
@@ -29,8 +29,7 @@ def file_crc(path):
 
 
 def prefetch_stats(mnt):
-    with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-        stats = json.load(f)
+    stats = mount_stats(mnt)
     if "prefetch" not in stats:
         raise AssertionError("stats.json has no prefetch section: the engine is not there")
     return stats["prefetch"]

@@ -2,13 +2,12 @@
 with a plan, a shuffled epoch is served from objects fetched ahead; without one, a cache of a
 tenth of the dataset still hits clearly more often than with prefetching off. Correctness only:
 the counters of stats.json, never timings."""
-import json
 import os
 import random
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
-from harness import DsfsTestCase, Proxy, synth_data, wait_for
+from harness import DsfsTestCase, Proxy, mount_stats, synth_data, wait_for
 
 READERS = 8
 
@@ -50,13 +49,11 @@ class PrefetchCase(DsfsTestCase):
         return mnt
 
     def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)["prefetch"]
+        return mount_stats(mnt)["prefetch"]
 
     def cache_filled(self, mnt):
         """How full the object cache is, counting what is being fetched into it (0..1)."""
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            cache = json.load(f)["cache"]
+        cache = mount_stats(mnt)["cache"]
         return (cache["bytes"] + cache["reserved_bytes"]) / cache["capacity_bytes"]
 
     def read_epoch(self, mnt, order):

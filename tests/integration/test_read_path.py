@@ -1,6 +1,5 @@
 """The read path's kernel round trips through a real `dsfs mount`: files skip OPEN/RELEASE, an
 image up to the readahead arrives in one READ, and a re-read comes from the page cache."""
-import json
 import os
 import unittest
 
@@ -28,10 +27,6 @@ class ReadPathTest(DsfsTestCase):
                 f.write(os.urandom(size))
         self.dsfs("ingest", os.path.join(self.tmp, "src"), "--dataset", "rp",
                   "--progress", "none")
-
-    def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)
 
     def reads_between(self, before, after):
         """READ requests between two snapshots, less the one that read `before` itself."""

@@ -40,7 +40,7 @@ import threading
 import time
 import unittest
 
-from harness import DSFS, DsfsTestCase
+from harness import DSFS, DsfsTestCase, mount_stats
 
 READERS = 64
 CACHE_BYTES = 16 << 20
@@ -366,8 +366,7 @@ class TierFaults:
 
 def tier_stats(mnt):
     """stats.json's `disk_tier` object of the mount."""
-    with open(os.path.join(mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
-        return json.loads(f.read())["disk_tier"]
+    return mount_stats(mnt)["disk_tier"]
 
 
 def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=print,

@@ -1,8 +1,6 @@
 """A real client: torchvision's ImageFolder through a multi-worker DataLoader sees the same
 classes, labels and decoded tensors over the mount as over the source directory."""
 import os
-import shutil
-import tempfile
 import unittest
 
 import torch

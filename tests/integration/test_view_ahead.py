@@ -3,7 +3,6 @@
 for byte what rendering on read gives, never beyond --view-cache-size; undecodable images are EIO
 and counted once. Correctness only: the counters of stats.json, never timings."""
 import errno
-import json
 import os
 import random
 import time
@@ -41,10 +40,6 @@ class ViewAheadTest(DsfsTestCase):
         with open(os.path.join(src, self.bad[1]), "w") as f:
             f.write("this is not an image\n")
         self.dsfs("ingest", src, "--dataset", "va", "--progress", "none")
-
-    def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)
 
     def wait_for(self, mnt, what, done, timeout=300):
         """Polls stats.json until done(stats) holds; fails naming `what` after `timeout` s."""

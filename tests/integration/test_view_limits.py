@@ -5,7 +5,6 @@ share one memory budget; a plan line without a newline is not buffered. The daem
 resident memory (VmHWM in /proc) is asserted to stay under stated bounds, with margin: bounds,
 not speed figures. Every refusal is one log line saying why, with user bytes escaped."""
 import errno
-import json
 import os
 import struct
 import threading
@@ -79,10 +78,6 @@ class ViewAndPlanLimits(DsfsTestCase):
     def log_lines(self):
         with open(self.log, "rb") as f:
             return f.read().split(b"\n")
-
-    def stats(self, mnt):
-        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
-            return json.load(f)
 
     def assert_log_is_bounded_and_escaped(self):
         for line in self.log_lines():
