@@ -114,7 +114,13 @@ Filesystem::Filesystem(std::shared_ptr<store::Client> client,
           tree_, [this] { return stats_json(); }, engine_,
           [this](const std::vector<std::string>& names) { return watcher_.refresh(names); }),
       watcher_(tree_, *client_, catalog::KeySchema(options_.ns), options_.watch, options_.leases,
-               [this](const std::vector<std::string>& names) { datasets_changed(names); }) {
+               [this](const std::vector<std::string>& names) { datasets_changed(names); }),
+      trimmer_(
+          [this] {
+            return counters_.bytes_read.load(std::memory_order_relaxed) +
+                   fetcher_.stats().bytes.load(std::memory_order_relaxed);
+          },
+          kDefaultTrimIdle) {
   using Kind = InodeRef::Kind;
   const auto route = [this](Kind kind, Node& node) { nodes_[static_cast<size_t>(kind)] = &node; };
   route(Kind::kRoot, root_node_);
@@ -224,6 +230,8 @@ std::string Filesystem::render_snapshot(std::string (*render)(const StatsSources
       .started = started_,
       .redis_endpoint = client_->describe(),
       .ns = options_.ns,
+      .memory = trimmer_.stats(),
+      .resident_bytes = resident_bytes(),
   });
 }
 

@@ -11,6 +11,7 @@
 #include "cuda/backend.h"
 #include "fs/dataset_watcher.h"
 #include "fs/inodes.h"
+#include "fs/memory_trimmer.h"
 #include "fs/node.h"
 #include "fs/nodes/control_node.h"
 #include "fs/nodes/dataset_node.h"
@@ -118,6 +119,9 @@ class Filesystem {
   // Starts polling Redis for datasets that appear, go or change (options().watch). Like
   // start_views, after any fork.
   void start_watching() { watcher_.start(); }
+  // Starts giving freed memory back to the system when reads pause (MemoryTrimmer). Like
+  // start_views, after any fork.
+  void start_memory_trimming() { trimmer_.start(); }
 
   // The FUSE session serving this filesystem, told of every change of the tree (the kernel's
   // cached names and listings are invalidated); nullptr while none is (Session sets it).
@@ -163,8 +167,10 @@ class Filesystem {
   std::array<Node*, kInodeKindCount> nodes_{};
   Mutex session_mutex_;
   fuse_session* session_ DSFS_GUARDED_BY(session_mutex_) = nullptr;
-  // Last: stopped (and destroyed) before anything its passes reach.
+  // Stopped (and destroyed) before anything its passes reach.
   DatasetWatcher watcher_;
+  // Last: its thread reads counters_ and fetcher_.
+  MemoryTrimmer trimmer_;
   // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
   bool no_open_ = false;
   // Nor OPENDIR and RELEASEDIR for directories (FUSE_CAP_NO_OPENDIR_SUPPORT): set by init.

@@ -325,6 +325,12 @@ std::string render_metrics(const StatsSources& sources) {
   append_requests(x, sources.fs);
   append_redis(x, sources.fetcher, sources.redis_connects);
   append_cache(x, "dsfs_cache", "dataset objects", sources.cache);
+  x.gauge("dsfs_memory_resident_bytes", "The mount daemon's resident memory (RSS)",
+          sources.resident_bytes);
+  x.counter("dsfs_memory_trims_total", "Times freed memory was given back after reads paused",
+            sources.memory.trims);
+  x.counter("dsfs_memory_released_bytes_total", "Resident memory those trims gave back",
+            sources.memory.released_bytes);
   append_prefetch(x, sources.reads, sources.prefetch, sources.cache);
   append_stall_histogram(out, "dsfs_read_stall_seconds",
                          "How long READs of dataset files waited for their bytes (0 when cached)",

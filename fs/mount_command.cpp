@@ -365,6 +365,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   }
   leases.start_refreshing();  // after the fork: the thread must run in the daemon
   filesystem.start_watching();
+  filesystem.start_memory_trimming();
   session.install_signal_handlers();
   // Reports readiness once a real request has been answered: stat() of the mount's root only
   // returns after the kernel's INIT and a GETATTR went through this process. Readahead is set

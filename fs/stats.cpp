@@ -317,6 +317,10 @@ std::string render_stats_json(const StatsSources& sources) {
       {"views", views_json(sources.views)},
       {"datasets", datasets},
       {"watch", watch_json(sources.watch, sources.watch_options)},
+      {"memory",
+       {{"rss_bytes", sources.resident_bytes},
+        {"trims", sources.memory.trims},
+        {"released_bytes", sources.memory.released_bytes}}},
   };
   return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }

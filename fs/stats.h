@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fs/dataset_watcher.h"
+#include "fs/memory_trimmer.h"
 #include "fs/views.h"
 #include "prefetch/dataset_snapshot.h"
 #include "prefetch/disk_tier.h"
@@ -84,6 +85,8 @@ struct StatsSources {
   std::chrono::steady_clock::time_point started;
   std::string_view redis_endpoint;  // already redacted
   std::string_view ns;
+  MemoryTrimmer::Stats memory;
+  uint64_t resident_bytes = 0;  // the daemon's RSS (fs::resident_bytes)
 };
 
 std::string render_stats_json(const StatsSources& sources);

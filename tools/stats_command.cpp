@@ -178,6 +178,14 @@ std::string cache_row(const Json& stats) {
                                   fill, count_text(number(stats, {"cache", "entries"}))));
 }
 
+// The daemon's resident memory and what it gave back to the system when reads paused.
+std::string memory_row(const Json& stats) {
+  return row("memory", fmt::format("RSS {}  given back {} ({} trims)",
+                                   bytes_text(number(stats, {"memory", "rss_bytes"})),
+                                   bytes_text(number(stats, {"memory", "released_bytes"})),
+                                   count_text(number(stats, {"memory", "trims"}))));
+}
+
 // The disk tier (--disk-cache), or "" without one: fill, hits (and how many of them were read
 // around the page cache, with O_DIRECT), bytes read, writes and what went
 // wrong there (each a read that went to Redis instead, never an error), then the engine's stagers
@@ -281,6 +289,7 @@ std::string format_stats_summary(const Json& stats, const std::string& mount) {
                                     text(stats, {"redis"}));
   summary += prefetch_rows(stats);
   summary += cache_row(stats);
+  summary += memory_row(stats);
   summary += disk_tier_row(stats);
   summary += datasets_row(stats);
   return summary;

@@ -6,7 +6,7 @@ children inherit. Checked on the real daemon: its exec-time environment (/proc/P
 heap mappings (VmFlags `hg` in /proc/PID/smaps) and the environment its child redis-server got."""
 import os
 
-from harness import DSFS, DsfsTestCase, run
+from harness import DSFS, DsfsTestCase, run, wait_for
 
 THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -124,3 +124,34 @@ class DaemonHeapTest(DsfsTestCase):
             self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", daemon_env)
         self.assertEqual(child_env.get("GLIBC_TUNABLES"), user_value)
         self.assertNotIn("DSFS_USER_GLIBC_TUNABLES", child_env)
+
+
+class MemoryTrimTest(DsfsTestCase):
+    """Once reads pause (2 s), the daemon gives the memory it freed back to the system
+    (malloc_trim): objects evicted from a cache smaller than the data leave freed holes in the
+    heap that glibc would otherwise keep."""
+
+    FILES = 48
+    SIZE = 1024 * 1024
+
+    def test_memory_freed_by_an_epoch_is_given_back_once_reads_pause(self):
+        src = os.path.join(self.tmp, "src")
+        os.makedirs(os.path.join(src, "c"))
+        for i in range(self.FILES):
+            with open(os.path.join(src, "c", f"{i:02d}.bin"), "wb") as f:
+                f.write(bytes([i]) * (self.SIZE + i))
+        self.dsfs("ingest", src, "--dataset", "ds")
+        mnt = self.mount("--cache-size", "16MiB")
+        self.assertEqual(self.stats(mnt)["memory"]["trims"], 0, "trimmed before any read")
+        # Three times the cache's size: two thirds of the objects are evicted and freed.
+        for i in range(self.FILES):
+            with open(os.path.join(mnt, "ds", "c", f"{i:02d}.bin"), "rb") as f:
+                self.assertEqual(f.read(), bytes([i]) * (self.SIZE + i))
+        wait_for(lambda: self.stats(mnt)["memory"]["trims"] >= 1, timeout=30,
+                 what="a trim after the reads paused")
+        memory = self.stats(mnt)["memory"]
+        self.assertGreater(memory["rss_bytes"], 0)
+        pid = int(run(["pgrep", "-f", f"dsfs mount {mnt}"]).stdout.split()[0])
+        if uses_glibc_malloc(pid):
+            self.assertGreater(memory["released_bytes"], 0,
+                               f"the trim gave nothing back: {memory}")

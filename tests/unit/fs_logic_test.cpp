@@ -4,15 +4,18 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "fs/filesystem.h"
 #include "fs/inodes.h"
+#include "fs/memory_trimmer.h"
 #include "fs/mount.h"
 #include "fs/virtual_files.h"
 #include "src/catalog/catalog.h"
@@ -199,6 +202,72 @@ TEST(Filesystem, RejectsDatasetsThatWouldHideTheVirtualDirectories) {
   snapshot.info.name = "twice";
   EXPECT_THROW(Filesystem(unused_client(), {snapshot, snapshot}, FilesystemOptions{}),
                std::invalid_argument);
+}
+
+// Waits up to 10 s for `trims` trims; the trimmer's own idle periods are 40 ms.
+bool trims_reach(const MemoryTrimmer& trimmer, uint64_t trims) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (trimmer.stats().trims < trims) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Memory is given back once after each pause of the reads, never while they go on, and not
+// before anything was read.
+TEST(MemoryTrimmer, TrimsOnceAfterEachPauseOfTheReadsAndNeverDuringThem) {
+  std::atomic<uint64_t> reads{0};
+  std::atomic<bool> reading{false};
+  std::atomic<uint64_t> looks_while_reading{0};
+  // The trimmer looks every 10 ms; while `reading`, every look sees the count moved, however
+  // the threads are scheduled.
+  MemoryTrimmer trimmer(
+      [&] {
+        if (reading) {
+          looks_while_reading.fetch_add(1);
+          return reads.fetch_add(1) + 1;
+        }
+        return reads.load();
+      },
+      std::chrono::milliseconds(40));
+  trimmer.start();
+  // Nothing read yet: twenty looks without a trim (its ticks are 10 ms).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(trimmer.stats().trims, 0u);
+
+  reading = true;
+  const auto looked = looks_while_reading.load();
+  while (looks_while_reading.load() < looked + 20) {  // 20 looks: five idle periods
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(trimmer.stats().trims, 0u) << "trimmed while reads went on";
+  reading = false;
+  ASSERT_TRUE(trims_reach(trimmer, 1));
+  // No second trim without a new read: the trimmer keeps looking meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(trimmer.stats().trims, 1u);
+
+  reads.fetch_add(1);
+  ASSERT_TRUE(trims_reach(trimmer, 2));
+}
+
+TEST(MemoryTrimmer, StopsPromptlyAndWithoutStarting) {
+  {
+    MemoryTrimmer never_started([] { return uint64_t{0}; }, std::chrono::hours(1));
+  }
+  const auto began = std::chrono::steady_clock::now();
+  {
+    MemoryTrimmer trimmer([] { return uint64_t{0}; }, std::chrono::hours(1));
+    trimmer.start();
+  }  // its ticks are 15 minutes: the stop request must cut the wait short
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(30));
+}
+
+TEST(MemoryTrimmer, ResidentBytesIsThisProcesssResidentSet) {
+  const uint64_t rss = resident_bytes();
+  EXPECT_GT(rss, 0u);
+  EXPECT_LT(rss, uint64_t{1} << 40);
 }
 
 }  // namespace

@@ -295,7 +295,9 @@ class MetricsRender : public ::testing::Test {
                         .watch_options = watch_options,
                         .started = std::chrono::steady_clock::now(),
                         .redis_endpoint = "redis://:***@127.0.0.1:6379",
-                        .ns = "dsfs"};
+                        .ns = "dsfs",
+                        .memory = {.trims = 2, .released_bytes = 4096},
+                        .resident_bytes = 8192};
   }
 
   FsCounters fs;
@@ -356,6 +358,12 @@ TEST_F(MetricsRender, FiguresMatchTheSourcesAndStatsJson) {
   EXPECT_EQ(value_of(x, "dsfs_prefetch_disk_staging_objects"), "4");
   EXPECT_EQ(value_of(x, "dsfs_prefetch_disk_staging_passed_on_files"), "9");
   EXPECT_EQ(json["prefetch"]["disk_staging"]["passed_on"], 9);
+  EXPECT_EQ(value_of(x, "dsfs_memory_resident_bytes"), "8192");
+  EXPECT_EQ(json["memory"]["rss_bytes"], 8192);
+  EXPECT_EQ(value_of(x, "dsfs_memory_trims_total"), "2");
+  EXPECT_EQ(json["memory"]["trims"], 2);
+  EXPECT_EQ(value_of(x, "dsfs_memory_released_bytes_total"), "4096");
+  EXPECT_EQ(json["memory"]["released_bytes"], 4096);
   EXPECT_EQ(value_of(x, "dsfs_read_stall_seconds_count"), "2");
   EXPECT_EQ(value_of(x, "dsfs_read_stall_seconds_bucket", {{"le", "+Inf"}}), "2");
   EXPECT_NEAR(std::stod(*value_of(x, "dsfs_read_stall_seconds_sum")),

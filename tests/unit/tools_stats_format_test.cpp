@@ -29,6 +29,7 @@ Json full_sample() {
     "watch": {"added": 1, "removed": 0, "refreshed": 2, "pending": {"b": 5}},
     "cache": {"capacity_bytes": 1073741824, "bytes": 536870912, "entries": 4321,
               "hits": 10, "misses": 2},
+    "memory": {"rss_bytes": 604087040, "trims": 2, "released_bytes": 83886080},
     "prefetch": {
       "mode": "auto",
       "leader": "unread-set",
@@ -76,6 +77,7 @@ TEST(StatsFormatTest, SummarizesEveryPrefetchFigure) {
   EXPECT_EQ(line_of(summary, "predictors"),
             "predictors plan 0.99 (1,000/1,010)  sequential 0.02 (2/100)  unread-set 0.50");
   EXPECT_EQ(line_of(summary, "cache"), "cache      536.9 MB of 1.1 GB (50.0%)  4,321 objects");
+  EXPECT_EQ(line_of(summary, "memory"), "memory     RSS 604.1 MB  given back 83.9 MB (2 trims)");
   EXPECT_EQ(line_of(summary, "datasets"),
             "datasets   2 listed  added 1  removed 0  refreshed 2  pending b (generation 5; "
             "`dsfs refresh`)");
@@ -165,6 +167,7 @@ TEST(StatsFormatTest, AMountWithoutTheEngineSaysSoOnceAndStillShowsTheCache) {
   const std::string bare = format_stats_summary(Json::object(), "/m");
   EXPECT_THAT(bare, HasSubstr("uptime -"));
   EXPECT_EQ(line_of(bare, "cache"), "cache      - of -  - objects");
+  EXPECT_EQ(line_of(bare, "memory"), "memory     RSS -  given back - (- trims)");
 }
 
 TEST(StatsFormatTest, AnRttOfZeroIsNotMeasuredYet) {
