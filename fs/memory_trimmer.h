@@ -11,11 +11,11 @@ namespace dsfs::fs {
 
 // Gives the memory the daemon freed back to the system once reads pause. Objects come and go
 // by the hundred megabytes through glibc's arenas, which keep what is freed for the next
-// allocation: after an epoch (or while training validates) a mount held 150-200 MiB more than its
-// cache, and malloc_trim(0) gave most of it back (154 to 58 MiB in the disk tier's soak). So
-// once `activity` (a count that grows with reads) has not moved for `idle`, and moved since the
-// last trim, the trimmer's thread calls malloc_trim(0) once; never while reads go on, where the
-// freed memory is about to be used again and trimming would hold an arena's lock.
+// allocation: after an epoch (or while training validates) a mount held 63-106 MiB more than its
+// 266 MiB cache, and 24-28 MiB once trimmed (docs/benchmarks.md, "Memory given back when reads
+// pause"). So once `activity` (a count that grows with reads) has not moved for `idle`, and moved
+// since the last trim, the trimmer's thread calls malloc_trim(0) once; never while reads go on,
+// where the freed memory is about to be used again and trimming would hold an arena's lock.
 //
 // Thread safety: stats() may be called from any thread; start() and the destructor from one.
 class MemoryTrimmer {
