@@ -6,7 +6,8 @@ builds side by side in one run (interleaved, alternating order). Shows what the 
 the memory it freed, and what it gives back once reads pause (stats.json `memory`).
 
     bench/idle_memory.py [--builds build[,build-before]] [--labels after,before] [--files N]
-        [--runs N] [--idle-seconds S] [--disk-tier] [--data-dir DIR] [--keep-data] [--name N]
+        [--runs N] [--idle-seconds S] [--disk-tier] [--second-epoch] [--data-dir DIR]
+        [--keep-data] [--name N]
 
 Results: bench/results/NAME.json and NAME.png (RSS over time, run 1 of each build). Root (it
 mounts and drops the page cache)."""
@@ -169,8 +170,14 @@ class Bench:
                                         seed=run_index)
             epoch_end = sampler.now()
             time.sleep(a.idle_seconds)  # the pause being measured
-            sampler.close()
             memory = self.stats().get("memory", {})
+            pause_end = sampler.now()
+            second = None
+            if a.second_epoch:  # what the next epoch pays for memory given back in the pause
+                drop_caches()  # or the kernel's page cache would serve it
+                second = read_epoch(os.path.join(self.mnt, "bench"), self.paths,
+                                    seed=run_index + 1000)
+            sampler.close()
         finally:
             if sampler:
                 sampler.close()
@@ -178,7 +185,7 @@ class Bench:
             if tier_dir:
                 shutil.rmtree(tier_dir, ignore_errors=True)
         during = [rss for t, rss in sampler.samples if t <= epoch_end]
-        after = [rss for t, rss in sampler.samples if t > epoch_end]
+        after = [rss for t, rss in sampler.samples if epoch_end < t <= pause_end]
         result = {"build": label, "run": run_index, "files": files, "seconds": seconds,
                   "files_per_s": files / seconds, "cache_bytes": cache,
                   "peak_rss_bytes": max(during + after),
@@ -186,13 +193,16 @@ class Bench:
                   "rss_after_idle_bytes": after[-1] if after else None,
                   "trims": memory.get("trims"), "released_bytes": memory.get("released_bytes"),
                   "samples": [(round(t, 2), rss) for t, rss in sampler.samples],
-                  "epoch_end_s": epoch_end}
+                  "epoch_end_s": epoch_end,
+                  "second_epoch_files_per_s": second[0] / second[1] if second else None}
         mib = 1 << 20
         log(f"{label}, run {run_index}: {result['files_per_s']:.0f} files/s; RSS peak "
             f"{result['peak_rss_bytes'] / mib:.0f} MiB, at the epoch's end "
             f"{(result['rss_at_epoch_end_bytes'] or 0) / mib:.0f}, after {a.idle_seconds} s idle "
             f"{(result['rss_after_idle_bytes'] or 0) / mib:.0f} (cache {cache / mib:.0f}); "
-            f"trims {result['trims']}, released {(result['released_bytes'] or 0) / mib:.0f} MiB")
+            f"trims {result['trims']}, released {(result['released_bytes'] or 0) / mib:.0f} MiB"
+            + (f"; the next epoch {result['second_epoch_files_per_s']:.0f} files/s" if second
+               else ""))
         return result
 
     def run(self):
@@ -207,7 +217,8 @@ class Bench:
             summary[label] = {
                 key: median([c[key] for c in cases if c[key] is not None])
                 for key in ("files_per_s", "peak_rss_bytes", "rss_at_epoch_end_bytes",
-                            "rss_after_idle_bytes", "released_bytes")}
+                            "rss_after_idle_bytes", "released_bytes",
+                            "second_epoch_files_per_s")}
         self.results["summary"] = summary
         return summary
 
@@ -248,6 +259,9 @@ def main():
                    help="seconds sampled after the epoch's last read (8)")
     p.add_argument("--disk-tier", action="store_true",
                    help="mount with a disk tier of half the data's size too")
+    p.add_argument("--second-epoch", action="store_true",
+                   help="after the pause, read one more shuffled epoch (page cache dropped) on "
+                        "the same mount: what memory given back costs the next epoch")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data",
                    help="where the synthetic dataset is made (tmpfs)")
     p.add_argument("--keep-data", action="store_true", help="keep the synthetic dataset")
