@@ -687,7 +687,12 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.disk_stagers = disk_stagers_;
   s.staging = staging_.size() + staging_busy_;
   s.staging_peak = staging_peak_;
-  s.passed_for_stagers = passed_for_stagers_.size();
+  // Only those still to be read: one its reader took meanwhile leaves the deque only when the
+  // stagers' queue frees up, but it waits for nothing.
+  const PlansPredictor& plans = model_->plan();
+  s.passed_for_stagers = static_cast<uint64_t>(
+      std::count_if(passed_for_stagers_.begin(), passed_for_stagers_.end(),
+                    [&](const Proposal& passed) { return plans.lists_unread(passed.file); }));
   s.passed_for_stagers_peak = passed_peak_;
   s.staged_before_first_read = staged_before_first_read_;
   s.failures = failures_.load(std::memory_order_relaxed);

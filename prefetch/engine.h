@@ -96,7 +96,7 @@ struct EngineStats {
   uint64_t staging = 0;       // fetches queued for them or being read
   uint64_t staging_peak = 0;  // the most at once since the mount
   // Files the walk of a plan passed on for the stagers while their queue was full, to go on to
-  // those the tier lacks: waiting now, and the most at once since the mount.
+  // those the tier lacks: waiting now (not yet read), and the most at once since the mount.
   uint64_t passed_for_stagers = 0;
   uint64_t passed_for_stagers_peak = 0;
   uint64_t failures = 0;       // prefetches given up (Redis errors, bad data)

@@ -517,6 +517,9 @@ TEST_F(PrefetchEnginePartialTierTest, AFileReadBeforeItsStagingIsNotProposedAfte
   // Read every file passed on (not those queued: a stager could be taking one), then let the
   // stagers go.
   for (uint32_t k = 8; k < kOnDisk; ++k) read_and_check(order_[k]);
+  // Read, so no longer waiting (stats.json's passed_on), though still queued in the engine.
+  EXPECT_EQ(engine_->stats().passed_for_stagers, 0u);
+  EXPECT_EQ(engine_->stats().passed_for_stagers_peak, kOnDisk - 8);
   {
     std::lock_guard lock(told_mutex_);
     told_.clear();
