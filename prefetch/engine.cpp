@@ -118,6 +118,7 @@ void PrefetchEngine::reshape(std::span<const uint32_t> active) {
   model_ = std::move(model);
   held_.reset();
   passed_for_stagers_.clear();
+  wake_idle_workers_locked();
   work_.notify_all();
 }
 
@@ -189,6 +190,7 @@ void PrefetchEngine::stop() {
     for (store::GetRouter* r : routers_) r->interrupt();
   }
   work_.notify_all();
+  retry_wait_.notify_all();
   staging_work_.notify_all();
   for (std::thread& t : workers_) t.join();
   workers_.clear();
@@ -222,10 +224,12 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     windows_.on_access(now);
     last_access_ = now;
     // A read frees room for one more prefetch. Workers with GETs in flight take more work as
-    // their replies come; idle ones are woken at most every millisecond, not on every read (a
-    // wake-up per read would cost a context switch per file on a warm cache).
-    if (idle_workers_ > 0 && now - last_wakeup_ > 1ms) {
+    // their replies come (and wake an idle one when they have their share: next_fetches), so a
+    // read wakes a worker only when none has any, and at most every millisecond: a wake-up per
+    // read would cost a context switch per file.
+    if (idle_workers_ == options_.connections && now - last_wakeup_ > 1ms) {
       last_wakeup_ = now;
+      wake_idle_workers_locked();
       wake = true;
     }
   }
@@ -250,7 +254,17 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
   // Each worker keeps about its share of every window together, so that all connections carry
   // files of the same stretch of the order.
   const size_t fair_share = windows_.limit() / options_.connections + kFetchBatch;
-  if (outstanding >= fair_share) return out;
+  if (outstanding >= fair_share) {
+    // Room left in the windows is another worker's to take (at most a wake-up a millisecond).
+    const Clock::time_point now = Clock::now();
+    if (idle_workers_ > 0 && windows_.propose_more() && windows_.inflight() < windows_.limit() &&
+        now - last_wakeup_ > 1ms) {
+      last_wakeup_ = now;
+      wake_idle_workers_locked();
+      work_.notify_one();
+    }
+    return out;
+  }
   const size_t room = std::min(kFetchBatch, fair_share - outstanding);
   // Fetches held for a node that now has room go first: they were proposed earlier. Even after
   // reads pause: a reader may be joined to one, and no read would come to wake the engine.
@@ -272,6 +286,7 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
   // at its next reply or wake-up.
   if (out.size() == room && idle_workers_ > 0 && windows_.propose_more() &&
       windows_.inflight() < windows_.limit()) {
+    wake_idle_workers_locked();
     work_.notify_one();
   }
   return out;
@@ -478,6 +493,7 @@ void PrefetchEngine::stage_loop() {
         if (propose_locked(0, none, ready)) wake = true;
       }
       wake = wake && idle_workers_ > 0;
+      if (wake) wake_idle_workers_locked();
     }
     if (wake) work_.notify_one();
     for (ReadySource& r : ready) {
@@ -583,16 +599,20 @@ void PrefetchEngine::fetch_loop(size_t worker) {
           spdlog::debug("prefetch worker {}: {}", worker, e.what());
           drop_router(e.what());
           std::unique_lock lock(mutex_);
-          work_.wait_for(lock, backoff, [&] { return stopping_.load(); });
+          retry_wait_.wait_for(lock, backoff, [&] { return stopping_.load(); });
           backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
           continue;
         }
         gets_.fetch_add(keys.size(), std::memory_order_relaxed);
       }
       if (outstanding.empty()) {
+        // Until woken for work (a wake-up counted for the idle workers, not any notify: the
+        // condition variable wakes spuriously too), stopped, or for a look of its own.
         std::unique_lock lock(mutex_);
         ++idle_workers_;
-        work_.wait_for(lock, 20ms, [&] { return stopping_.load(); });
+        const uint64_t wakeups = idle_wakeups_;
+        work_.wait_for(lock, options_.idle_recheck,
+                       [&] { return stopping_.load() || idle_wakeups_ != wakeups; });
         --idle_workers_;
         continue;
       }
@@ -639,6 +659,7 @@ void PrefetchEngine::plan_extend(PlanWriter writer, std::span<const PlannedFile>
   // The plans propose again from their readers' positions.
   passed_for_stagers_.clear();
   plan_written_ = Clock::now();
+  wake_idle_workers_locked();
   work_.notify_all();
 }
 
@@ -673,6 +694,7 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.inflight_max = windows_.max_total();
   s.inflight_peak = inflight_peak_;
   s.inflight_held = windows_.held();
+  s.idle_workers = idle_workers_;
   s.fetches_opened_for_plan = windows_.opened_for_plan();
   for (const NodeWindowReport& n : windows_.report()) {
     s.base_rtt_ms = std::max(s.base_rtt_ms, n.base_rtt_ms);

@@ -53,6 +53,9 @@ struct EngineOptions {
   size_t max_inflight = 0;
   // Prefetching pauses when no file has been read for this long.
   std::chrono::milliseconds idle_pause{2000};
+  // A fetch worker with nothing in flight looks for work on its own this often; a plan written,
+  // a read while every worker is idle, or a worker with more work than its share wakes it sooner.
+  std::chrono::milliseconds idle_recheck{20};
   uint64_t seed = 0x5eed;
 };
 
@@ -81,6 +84,7 @@ struct EngineStats {
   uint64_t inflight_max = 0;
   uint64_t inflight_peak = 0;            // the most objects in flight at once since the mount
   uint64_t inflight_held = 0;            // proposed for a node whose window is full
+  uint64_t idle_workers = 0;             // fetch workers waiting for work, nothing in flight
   uint64_t fetches_opened_for_plan = 0;  // sent while their node's window was open for a plan
   // Of the node farthest away (the largest), for one server its own:
   double base_rtt_ms = 0;  // the smallest round trip since the last pause
@@ -266,6 +270,11 @@ class PrefetchEngine {
   std::deque<Fetch> redirected_;  // staged, not on disk after all: counted in a window, to send
   std::condition_variable staging_work_;  // stagers wait on it for staging_ or stop
   size_t idle_workers_ = 0;               // workers waiting for work with nothing in flight
+  // Wake-ups meant for idle workers (wake_idle_workers_locked): an idle worker goes on when it
+  // changes, and waits out any other notify (or a spurious one) of work_.
+  uint64_t idle_wakeups_ = 0;
+  void wake_idle_workers_locked() { ++idle_wakeups_; }  // then notify work_; mutex_ held
+  std::condition_variable retry_wait_;  // a worker's backoff after a failed send; stop() ends it
   std::chrono::steady_clock::time_point last_wakeup_{};
   SourceReadyListener source_listener_;
 

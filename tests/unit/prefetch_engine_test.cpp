@@ -161,6 +161,25 @@ TEST_F(PrefetchEngineTest, APlanIsFetchedAheadAndServedWithoutAGet) {
   EXPECT_EQ(cache_->stats().used_bytes, cache_->stats().prefetched_bytes);
 }
 
+// An idle fetch worker goes on as soon as it is woken for work (here by a plan written), not at
+// its own next look for work (made 10 minutes away here). Its wait once ran on to that look
+// whatever woke it, so each wake-up (a plan written, a read while every worker was idle, a worker
+// with more work than its share) cost a context switch and started nothing.
+TEST_F(PrefetchEngineTest, IdleWorkersGoOnWhenWokenForWork) {
+  make_engine(64 << 20, EngineOptions{.mode = PrefetchMode::kAuto,
+                                      .connections = 3,
+                                      .idle_recheck = std::chrono::minutes(10)});
+  ASSERT_TRUE(eventually([&] { return engine_->stats().idle_workers == 3; }));
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  plan(order);
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries == kFiles; }))
+      << cache_->stats().entries << " of " << kFiles << " planned files fetched";
+  const uint64_t gets_before = fetcher_.stats().gets;
+  for (const uint32_t i : order) read_and_check(i);
+  EXPECT_EQ(fetcher_.stats().gets, gets_before);
+}
+
 // What the view renders ahead from: every planned file, once its bytes are cached, with the rank
 // of its place in the plan.
 TEST_F(PrefetchEngineTest, PlannedFilesAreOfferedOnceCachedWithTheirRankAndBytes) {
