@@ -62,14 +62,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, drop_caches, load_average, log, machine_info, median,  # noqa: E402
-                    mount_daemon_pid, private_env, process_usage, run, synth_dataset, tree_info,
-                    update_docs_section)
-from prefetch import build_source, stats_delta  # noqa: E402
+from common import (REPO, check_choices, drop_caches, find_builds, ingest,  # noqa: E402
+                    interrupt_on_signals, load_average, log, machine_info, make_workdir, median,
+                    mount_daemon_pid, prepare_dataset, process_usage, publish_results,
+                    relative_paths, remove_created_data, require_root, run, run_bench,
+                    save_results, show_docs_section, split_builds, unmount)
+from prefetch import stats_delta  # noqa: E402
 
 DOCS_START = "<!-- cluster.py: start -->"
 DOCS_END = "<!-- cluster.py: end -->"
@@ -245,18 +246,10 @@ def stop_process(proc, sig):
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.builds = {}         # label -> {"dsfs", "source"}, in --builds' order
-        for label, build in zip(args.labels, args.builds):
-            dsfs = os.path.abspath(os.path.join(build, "dsfs"))
-            if not os.access(dsfs, os.X_OK):
-                sys.exit(f"bench: {dsfs} is missing; build first (scripts/build {build})")
-            self.builds[label] = {"dsfs": dsfs, "source": build_source(build)}
+        self.builds = find_builds(args.builds, args.labels)  # label -> {"dsfs", "source"}
         # The first build makes the dataset, ingests it, runs the cluster and the proxies.
         self.dsfs = self.builds[args.labels[0]]["dsfs"]
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-cluster-")
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-cluster-")
         self.single = self.created_data = None
         self.cluster_started = False
         self.nodes = []          # {"role", "port", "bus", "pid", "of"} of the cluster
@@ -273,25 +266,18 @@ class Bench:
     # ---- setup and teardown ----
 
     def start(self):
-        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
-        if created and not self.args.keep_data:
-            self.created_data = os.path.dirname(data)
-        self.dataset = tree_info(data)
-        self.results["dataset"] = self.dataset
-        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
-                            for d, _, names in os.walk(data) for n in names)
+        data = prepare_dataset(self)
+        self.paths = relative_paths(data)
         self.single = TcpRedis(self.workdir)
         log(f"ingesting {data} into one redis-server (127.0.0.1:{self.single.port})")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis",
-             f"redis://127.0.0.1:{self.single.port}", "--progress", "none"], env=self.env)
+        ingest(self.dsfs, data, f"redis://127.0.0.1:{self.single.port}", self.env)
         log("starting a local cluster: dsfs server start --shards 3 --replicas 1")
         self.cluster_started = True
         run([self.dsfs, "server", "start", "--shards", 3, "--replicas", 1], env=self.env)
         self.nodes = self.cluster_nodes()
         seeds = ",".join(f"redis://127.0.0.1:{n['port']}" for n in self.primaries())
         log(f"ingesting into the cluster ({seeds})")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", seeds,
-             "--progress", "none"], env=self.env)
+        ingest(self.dsfs, data, seeds, self.env)
         self.wait_replicas_synced()
         if self.created_data:  # Redis holds it now; free the tmpfs copy's memory
             shutil.rmtree(self.created_data, ignore_errors=True)
@@ -350,19 +336,10 @@ class Bench:
         if self.single:
             self.single.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.created_data:
-            shutil.rmtree(self.created_data, ignore_errors=True)
-            try:
-                os.rmdir(self.args.data_dir)
-            except OSError:
-                pass
+        remove_created_data(self.created_data, self.args.data_dir)
 
     def umount(self):
-        if os.path.ismount(self.mnt):
-            res = run([self.dsfs, "umount", self.mnt], env=self.env, check=False)
-            if os.path.ismount(self.mnt):
-                log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
-                run(["umount", "-l", self.mnt], check=False)
+        unmount(self.dsfs, self.mnt, self.env)
 
     # ---- latency ----
 
@@ -602,9 +579,7 @@ class Bench:
         self.save()
 
     def save(self):
-        os.makedirs(self.args.results_dir, exist_ok=True)
-        with open(os.path.join(self.args.results_dir, f"{self.args.name}.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
+        save_results(self.results, self.args.results_dir, self.args.name)
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -1002,53 +977,34 @@ def main():
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
         plot(results, os.path.join(args.results_dir, f"{args.name}.png"))
-        print(text)
-        if not args.no_docs:
-            update_docs_section(DOCS_START, DOCS_END, DOCS_HEADING, text)
+        show_docs_section(text, (DOCS_START, DOCS_END, DOCS_HEADING), not args.no_docs)
         return
-    if os.geteuid() != 0:
-        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    require_root()
     q = args.quick
     args.files = args.files or (300 if q else 2000)
     args.rtts = [int(x) for x in (args.rtts or ("0" if q else "0,100")).split(",")]
     args.epoch_seconds = args.epoch_seconds or (10 if q else 45)
     args.setups = args.setups.split(",")
     args.readers = args.readers.split(",")
-    for s in args.setups:
-        if s not in SETUPS:
-            sys.exit(f"bench: unknown setup {s!r}; choose from {', '.join(SETUPS)}")
+    check_choices(args.setups, SETUPS, "setup")
     if args.far_node:
         args.setups = list(dict.fromkeys(FAR_TWIN.get(s, s) for s in args.setups))
         if not any(s.endswith("-far1") for s in args.setups):
             sys.exit("bench: --far-node needs a cluster setup (cluster or replica) in --setups")
-    for r in args.readers:
-        if r not in READERS:
-            sys.exit(f"bench: unknown reader {r!r}; choose from {', '.join(READERS)}")
-    args.builds = (args.builds or args.build).split(",")
-    args.labels = (args.labels.split(",") if args.labels
-                   else [os.path.basename(os.path.abspath(b)) for b in args.builds])
-    if len(args.labels) != len(args.builds) or len(set(args.labels)) != len(args.labels):
-        sys.exit("bench: --labels needs one distinct name per build (and builds with distinct "
-                 "directory names without --labels)")
+    check_choices(args.readers, READERS, "reader")
+    args.builds, args.labels = split_builds(
+        args.builds or args.build, args.labels,
+        "bench: --labels needs one distinct name per build (and builds with distinct directory "
+        "names without --labels)")
     if shutil.which("redis-cli") is None:
         sys.exit("bench: needs redis-cli (Debian's redis-tools)")
-    # Ctrl-C and SIGTERM both clean up (a shell's background job starts with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interrupt_on_signals()
     bench = Bench(args)
-    try:
-        bench.start()
-        bench.sweep()
-    finally:
-        bench.close()
-    bench.results["load_average"]["end"] = load_average()
+    run_bench(bench)
+    # The docs section before the save: it adds the goals and the sizing to the results.
     text = markdown(bench.results, args.name)
-    bench.save()
-    png = os.path.join(args.results_dir, f"{args.name}.png")
-    plot(bench.results, png)
-    print(text)
-    if not args.quick and not args.no_docs:
-        update_docs_section(DOCS_START, DOCS_END, DOCS_HEADING, text)
+    png = publish_results(bench, plot, lambda results, name: text,
+                          (DOCS_START, DOCS_END, DOCS_HEADING))
     log(f"results: {args.results_dir}/{args.name}.json, {png}")
 
 

@@ -1,7 +1,8 @@
-"""Helpers the benchmark scripts share: running commands, a private redis-server, `dsfs proxy`,
-the synthetic dataset in tmpfs, the mount daemon's /proc figures and the generated sections of
-docs/benchmarks.md."""
+"""Helpers the benchmark scripts share: the builds they run, running commands, a private
+redis-server, `dsfs proxy`, the synthetic dataset in tmpfs, a run's set-up and clean-up, the mount
+daemon's /proc figures, the results files and the generated sections of docs/benchmarks.md."""
 import datetime
+import json
 import os
 import platform
 import shutil
@@ -9,6 +10,8 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,6 +96,164 @@ def private_env(workdir):
     env = dict(os.environ, DSFS_HOME=os.path.join(workdir, "home"))
     env.pop("DSFS_REDIS", None)
     return env
+
+
+def build_binary(build, name="dsfs"):
+    """The absolute path of the executable `name` (dsfs, bench/dsfs_bench_redis_raw) in the build
+    directory `build`; exits with "bench: PATH is missing; build first (scripts/build BUILD)" where
+    there is none."""
+    path = os.path.abspath(os.path.join(build, name))
+    if not os.access(path, os.X_OK):
+        sys.exit(f"bench: {path} is missing; build first (scripts/build {build})")
+    return path
+
+
+def build_source(build):
+    """Which sources the build was made from: its CMake source directory and, from git there
+    (or a .commit file beside an exported snapshot), the commit and whether the C++ differed."""
+    info = {"build": os.path.abspath(build)}
+    try:
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                    info["source"] = line.split("=", 1)[1].strip()
+                elif line.startswith("CMAKE_BUILD_TYPE:"):
+                    info["build_type"] = line.split("=", 1)[1].strip()
+    except OSError:
+        return info
+    source = info.get("source")
+    if source and os.path.exists(os.path.join(source, ".commit")):
+        with open(os.path.join(source, ".commit")) as f:
+            info.update(commit=f.read().strip(), uncommitted_changes=False)
+    elif source:
+        head = run(["git", "-C", source, "rev-parse", "--short", "HEAD"], check=False)
+        dirty = run(["git", "-C", source, "status", "--porcelain", "--", "src", "fs", "prefetch",
+                     "tools", "cuda"], check=False)
+        if head.returncode == 0:
+            info.update(commit=head.stdout.strip(), uncommitted_changes=bool(dirty.stdout.strip()))
+    return info
+
+
+def split_builds(builds, labels, error):
+    """--builds (build directories, comma-separated) and --labels (a name per build, by default
+    each directory's name) as two lists; exits with `error` unless each build has its own label."""
+    builds = builds.split(",")
+    labels = (labels.split(",") if labels
+              else [os.path.basename(os.path.abspath(b)) for b in builds])
+    if len(labels) != len(builds) or len(set(labels)) != len(labels):
+        sys.exit(error)
+    return builds, labels
+
+
+def find_builds(builds, labels):
+    """{label: {"dsfs": its dsfs binary (build_binary), "source": build_source}} of the builds a
+    benchmark compares (split_builds' lists), in their order; exits where one has no dsfs."""
+    return {label: {"dsfs": build_binary(build), "source": build_source(build)}
+            for label, build in zip(labels, builds)}
+
+
+def make_workdir(prefix):
+    """A benchmark's temporary directory (tempfile.mkdtemp with `prefix`), the private_env of it
+    and its empty mount point WORKDIR/mnt: (workdir, env, mnt)."""
+    workdir = tempfile.mkdtemp(prefix=prefix)
+    mnt = os.path.join(workdir, "mnt")
+    os.makedirs(mnt)
+    return workdir, private_env(workdir), mnt
+
+
+def unmount(dsfs, mnt, env, *options):
+    """`dsfs umount MNT [OPTIONS]` where `mnt` is mounted, and a lazy `umount -l` (logged) where
+    that left it mounted."""
+    if os.path.ismount(mnt):
+        res = run([dsfs, "umount", mnt, *options], env=env, check=False)
+        if os.path.ismount(mnt):
+            log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
+            run(["umount", "-l", mnt], check=False)
+
+
+def check_choices(values, choices, what):
+    """Exits with "bench: unknown WHAT 'VALUE'; choose from A, B, ..." at the first of `values`
+    (a command-line list) that is not one of `choices`."""
+    for value in values:
+        if value not in choices:
+            sys.exit(f"bench: unknown {what} {value!r}; choose from {', '.join(choices)}")
+
+
+def require_root():
+    """Exits unless run as root, which mounting and dropping the page cache need."""
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+
+
+def remove_created_data(created_data, data_dir):
+    """Removes the dataset a run synthesized (`created_data`; None: it made none, or --keep-data
+    keeps it), then `data_dir` itself when nothing else is left in it."""
+    if created_data:
+        shutil.rmtree(created_data, ignore_errors=True)
+        try:
+            os.rmdir(data_dir)
+        except OSError:
+            pass
+
+
+def close_bench(bench):
+    """The clean-up of a benchmark with a RedisServer (bench.redis) and a Proxy (bench.proxy):
+    unmounts (bench.umount()), stops those of them that were started and removes bench.workdir
+    and the dataset this run created (remove_created_data)."""
+    bench.umount()
+    if bench.proxy:
+        bench.proxy.close()
+    if bench.redis:
+        bench.redis.close()
+    shutil.rmtree(bench.workdir, ignore_errors=True)
+    remove_created_data(bench.created_data, bench.args.data_dir)
+
+
+def save_results(results, results_dir, name):
+    """Writes `results` to RESULTS_DIR/NAME.json (indented), making the directory if needed."""
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(results_dir, f"{name}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def interrupt_on_signals():
+    """Makes Ctrl-C and SIGTERM both raise KeyboardInterrupt, so that a run cleans up (a shell's
+    background job starts with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def run_bench(bench):
+    """bench.start() and bench.sweep(), then bench.close() whatever happened, and the load average
+    at the end in bench.results; returns the seconds the run took."""
+    t0 = time.time()
+    try:
+        bench.start()
+        bench.sweep()
+    finally:
+        bench.close()
+    bench.results["load_average"]["end"] = load_average()
+    return time.time() - t0
+
+
+def show_docs_section(text, docs, update):
+    """Prints a generated section of docs/benchmarks.md and, with `update`, writes it there
+    (update_docs_section; `docs`: its start marker, end marker and heading)."""
+    print(text)
+    if update:
+        update_docs_section(*docs, text)
+
+
+def publish_results(bench, plot, markdown, docs):
+    """The end of a run: NAME.json (bench.save()), plot(results, NAME.png) and the docs section
+    markdown(results, NAME), printed and, unless --quick or --no-docs, written to
+    docs/benchmarks.md (show_docs_section). Returns NAME.png's path."""
+    a = bench.args
+    bench.save()
+    png = os.path.join(a.results_dir, f"{a.name}.png")
+    plot(bench.results, png)
+    show_docs_section(markdown(bench.results, a.name), docs, not a.quick and not a.no_docs)
+    return png
 
 
 def wait_for_socket(path, proc, what, timeout=20):
@@ -195,6 +356,42 @@ def tree_info(data):
             sizes += os.path.getsize(os.path.join(dirpath, n))
     return {"path": data, "files": files, "bytes": sizes,
             "mean_file_bytes": sizes // max(files, 1), "filesystem": fs_type(data)}
+
+
+def prepare_dataset(bench):
+    """The dataset of a benchmark (synth_dataset with bench.dsfs, bench.args.data_dir and .files):
+    sets bench.created_data to the directory to remove at the end (one this call synthesized,
+    unless --keep-data), bench.dataset and bench.results["dataset"] to its tree_info; returns the
+    root of its data."""
+    data, created = synth_dataset(bench.dsfs, bench.args.data_dir, bench.args.files)
+    if created and not bench.args.keep_data:
+        bench.created_data = os.path.dirname(data)
+    bench.dataset = tree_info(data)
+    bench.results["dataset"] = bench.dataset
+    return data
+
+
+def relative_paths(data):
+    """The files of a directory tree, as paths relative to it, sorted."""
+    return sorted(os.path.relpath(os.path.join(d, n), data)
+                  for d, _, names in os.walk(data) for n in names)
+
+
+def ingest(dsfs, data, url, env):
+    """`dsfs ingest DATA --dataset bench --redis URL --progress none`: the dataset the benchmarks
+    mount."""
+    run([dsfs, "ingest", data, "--dataset", "bench", "--redis", url, "--progress", "none"],
+        env=env)
+
+
+def serve_dataset(bench, data):
+    """Starts bench.redis (a RedisServer in bench.workdir), ingests `data` into it, then removes
+    bench.created_data: Redis holds the data now, which frees the tmpfs copy's memory."""
+    bench.redis = RedisServer(bench.workdir)
+    log(f"ingesting {data} into {bench.redis.url}")
+    ingest(bench.dsfs, data, bench.redis.url, bench.env)
+    if bench.created_data:
+        shutil.rmtree(bench.created_data, ignore_errors=True)
 
 
 def mount_daemon_pid(mountpoint):

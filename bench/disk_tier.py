@@ -61,18 +61,18 @@ import re
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, Proxy, RedisServer, disk_tier_bytes, drop_caches,  # noqa: E402
-                    fs_type, load_average, log, machine_info, median, mount_daemon_pid,
-                    private_env, process_usage, run, synth_dataset, tree_info)
+from common import (REPO, Proxy, check_choices, disk_tier_bytes, drop_caches,  # noqa: E402
+                    find_builds, fs_type, interrupt_on_signals, load_average, log, machine_info,
+                    make_workdir, median, mount_daemon_pid, prepare_dataset, process_usage,
+                    relative_paths, remove_created_data, require_root, run, run_bench,
+                    save_results, serve_dataset, unmount)
 from cluster import PY_READER  # noqa: E402
-from prefetch import build_source  # noqa: E402
 
 JOBS = 8
 CACHE_FRACTION = 0.25
@@ -159,42 +159,24 @@ class Bench:
         self.args = args
         # Every build runs each case in turn, on the same data and server (--builds); the first
         # one's dsfs synthesizes, ingests and reads (`dsfs bench`), so only the daemon differs.
-        self.builds = []
-        for label, build in zip(args.labels, args.builds):
-            dsfs = os.path.abspath(os.path.join(build, "dsfs"))
-            if not os.access(dsfs, os.X_OK):
-                sys.exit(f"bench: {dsfs} is missing; build first (scripts/build {build})")
-            self.builds.append((label, dsfs))
+        builds = find_builds(args.builds, args.labels)
+        self.builds = [(label, b["dsfs"]) for label, b in builds.items()]
         self.dsfs = self.builds[0][1]
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-disktier-")
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-disktier-")
         self.redis = self.proxy = self.created_data = self.tier_dir = None
         self.done_tiers = []  # removed at the end (see the module's doc)
         self.results = {"machine": machine_info(), "config": vars(args).copy(),
-                        "source": build_source(args.builds[0]),
-                        "sources": {label: build_source(build)
-                                    for label, build in zip(args.labels, args.builds)},
+                        "source": builds[args.labels[0]]["source"],
+                        "sources": {label: b["source"] for label, b in builds.items()},
                         "load_average": {"start": load_average()}, "cases": [],
                         "disk_dir": {"path": args.disk_dir, "filesystem": fs_type(args.disk_dir),
                                      "device": run(["df", "--output=source", args.disk_dir],
                                                    check=False).stdout.split()[-1]}}
 
     def start(self):
-        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
-        if created and not self.args.keep_data:
-            self.created_data = os.path.dirname(data)
-        self.dataset = tree_info(data)
-        self.results["dataset"] = self.dataset
-        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
-                            for d, _, names in os.walk(data) for n in names)
-        self.redis = RedisServer(self.workdir)
-        log(f"ingesting {data} into {self.redis.url}")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", self.redis.url,
-             "--progress", "none"], env=self.env)
-        if self.created_data:
-            shutil.rmtree(self.created_data, ignore_errors=True)
+        data = prepare_dataset(self)
+        self.paths = relative_paths(data)
+        serve_dataset(self, data)
 
     def close(self):
         self.umount()
@@ -205,19 +187,10 @@ class Bench:
         for tier in self.done_tiers + ([self.tier_dir] if self.tier_dir else []):
             shutil.rmtree(tier, ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.created_data:
-            shutil.rmtree(self.created_data, ignore_errors=True)
-            try:
-                os.rmdir(self.args.data_dir)
-            except OSError:
-                pass
+        remove_created_data(self.created_data, self.args.data_dir)
 
     def umount(self):
-        if os.path.ismount(self.mnt):
-            res = run([self.dsfs, "umount", self.mnt], env=self.env, check=False)
-            if os.path.ismount(self.mnt):
-                log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
-                run(["umount", "-l", self.mnt], check=False)
+        unmount(self.dsfs, self.mnt, self.env)
 
     def stats(self):
         with open(os.path.join(self.mnt, ".dsfs", "stats.json"), "rb", buffering=0) as f:
@@ -406,9 +379,7 @@ class Bench:
             self.proxy = None
 
     def save(self):
-        os.makedirs(self.args.results_dir, exist_ok=True)
-        with open(os.path.join(self.args.results_dir, f"{self.args.name}.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
+        save_results(self.results, self.args.results_dir, self.args.name)
 
 
 def plot(results, path):
@@ -522,8 +493,7 @@ def main():
         with open(os.path.join(args.results_dir, f"{args.name}.json")) as f:
             plot(json.load(f), os.path.join(args.results_dir, f"{args.name}.png"))
         return
-    if os.geteuid() != 0:
-        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    require_root()
     args.builds = (args.builds or args.build).split(",")
     args.labels = (args.labels.split(",") if args.labels
                    else [os.path.basename(os.path.normpath(b)) for b in args.builds])
@@ -536,20 +506,10 @@ def main():
     args.epoch_seconds = args.epoch_seconds or (10 if q else 40)
     args.modes = args.modes.split(",")
     args.readers = args.readers.split(",")
-    for r in args.readers:
-        if r not in ("c", "python", "plan"):
-            sys.exit(f"bench: unknown reader {r!r}; choose from c, python, plan")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    check_choices(args.readers, ("c", "python", "plan"), "reader")
+    interrupt_on_signals()
     bench = Bench(args)
-    t0 = time.time()
-    try:
-        bench.start()
-        bench.sweep()
-    finally:
-        bench.close()
-    bench.results["load_average"]["end"] = load_average()
-    bench.results["wall_s"] = round(time.time() - t0, 1)
+    bench.results["wall_s"] = round(run_bench(bench), 1)
     bench.save()
     png = os.path.join(args.results_dir, f"{args.name}.png")
     plotted = plot(bench.results, png)

@@ -38,19 +38,19 @@ on exit, Ctrl-C included.
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, Proxy, RedisServer, drop_caches, load_average, log,  # noqa: E402
-                    machine_info, median, mount_daemon_pid, private_env, process_usage, run,
-                    synth_dataset, thread_cpu, tree_info, update_docs_section)
-from prefetch import build_source, stats_delta  # noqa: E402
+from common import (REPO, Proxy, check_choices, close_bench, drop_caches,  # noqa: E402
+                    find_builds, interrupt_on_signals, load_average, log, machine_info,
+                    make_workdir, median, mount_daemon_pid, prepare_dataset, process_usage,
+                    publish_results, relative_paths, require_root, run, run_bench, save_results,
+                    serve_dataset, split_builds, thread_cpu, unmount)
+from prefetch import stats_delta  # noqa: E402
 
 DOCS_START = "<!-- first_epoch.py: start -->"
 DOCS_END = "<!-- first_epoch.py: end -->"
@@ -134,23 +134,12 @@ COUNTED_EVENTS = [f"syscalls:sys_enter_{name}" for name in (
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.builds = OrderedDict()
-        for label, build in zip(args.labels, args.builds):
-            dsfs = os.path.abspath(os.path.join(build, "dsfs"))
-            if not os.access(dsfs, os.X_OK):
-                sys.exit(f"bench: {dsfs} is missing; build first (scripts/build {build})")
-            self.builds[label] = {"dsfs": dsfs, "source": build_source(build),
-                                  "raw": os.path.abspath(os.path.join(
-                                      build, "bench", "dsfs_bench_redis_raw"))}
-        first = next(iter(self.builds.values()))
-        self.dsfs = first["dsfs"]
-        self.raw = first["raw"]
+        self.builds = find_builds(args.builds, args.labels)
+        self.dsfs = self.builds[args.labels[0]]["dsfs"]
+        self.raw = os.path.abspath(os.path.join(args.builds[0], "bench", "dsfs_bench_redis_raw"))
         if not os.access(self.raw, os.X_OK):
             sys.exit(f"bench: {self.raw} is missing; build first")
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-first-epoch-")
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-first-epoch-")
         self.redis = self.proxy = self.created_data = None
         self.results = {"machine": machine_info(), "config": vars(args).copy(),
                         "builds": {k: v["source"] for k, v in self.builds.items()},
@@ -159,33 +148,12 @@ class Bench:
     # ---- setup and teardown ----
 
     def start(self):
-        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
-        if created and not self.args.keep_data:
-            self.created_data = os.path.dirname(data)
-        self.dataset = tree_info(data)
-        self.results["dataset"] = self.dataset
-        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
-                            for d, _, names in os.walk(data) for n in names)
-        self.redis = RedisServer(self.workdir)
-        log(f"ingesting {data} into {self.redis.url}")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", self.redis.url,
-             "--progress", "none"], env=self.env)
-        if self.created_data:  # Redis holds it now; free the tmpfs copy's memory
-            shutil.rmtree(self.created_data, ignore_errors=True)
+        data = prepare_dataset(self)
+        self.paths = relative_paths(data)
+        serve_dataset(self, data)
 
     def close(self):
-        self.umount()
-        if self.proxy:
-            self.proxy.close()
-        if self.redis:
-            self.redis.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.created_data:
-            shutil.rmtree(self.created_data, ignore_errors=True)
-            try:
-                os.rmdir(self.args.data_dir)
-            except OSError:
-                pass
+        close_bench(self)
 
     def url_for(self, rtt):
         """The server's own socket at 0 ms; otherwise a proxy adding `rtt` ms."""
@@ -198,12 +166,8 @@ class Bench:
         return self.proxy.url
 
     def umount(self):
-        if os.path.ismount(self.mnt):
-            # --wait 60s: a daemon still draining replies must not fail the next mount
-            res = run([self.dsfs, "umount", self.mnt, "--wait", "60s"], env=self.env, check=False)
-            if os.path.ismount(self.mnt):
-                log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
-                run(["umount", "-l", self.mnt], check=False)
+        # --wait 60s: a daemon still draining replies must not fail the next mount
+        unmount(self.dsfs, self.mnt, self.env, "--wait", "60s")
 
     def stats(self):
         # buffering=0: no isatty() ioctl counted in the figures it reads
@@ -444,9 +408,7 @@ class Bench:
             self.save()
 
     def save(self):
-        os.makedirs(self.args.results_dir, exist_ok=True)
-        with open(os.path.join(self.args.results_dir, f"{self.args.name}.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
+        save_results(self.results, self.args.results_dir, self.args.name)
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -561,8 +523,7 @@ def main():
                    help="raw Redis reads only the first N files (0: all; at 100 ms it reads "
                         "about 315 files/s, a 40,000-file epoch two minutes)")
     args = p.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    require_root()
     q = args.quick
     args.files = args.files or (1000 if q else 3000)
     args.runs = args.runs or (1 if q else 3)
@@ -570,36 +531,16 @@ def main():
     args.caches = [int(x) for x in (args.caches or ("100" if q else "25,100,200")).split(",")]
     args.modes = args.modes.split(",")
     args.readers = args.readers.split(",")
-    args.builds = args.builds.split(",")
-    args.labels = (args.labels.split(",") if args.labels
-                   else [os.path.basename(os.path.abspath(b)) for b in args.builds])
-    for m in args.modes:
-        if m not in MODES:
-            sys.exit(f"bench: unknown mode {m!r}; choose from {', '.join(MODES)}")
-    for r in args.readers:
-        if r not in READERS:
-            sys.exit(f"bench: unknown reader {r!r}; choose from {', '.join(READERS)}")
-    if len(args.labels) != len(args.builds) or len(set(args.labels)) != len(args.labels):
-        sys.exit("bench: --labels needs one distinct name per build")
-    # Ctrl-C and SIGTERM both clean up (a shell's background job starts with SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    check_choices(args.modes, MODES, "mode")
+    check_choices(args.readers, READERS, "reader")
+    args.builds, args.labels = split_builds(args.builds, args.labels,
+                                            "bench: --labels needs one distinct name per build")
+    interrupt_on_signals()
     if args.perf:
         os.makedirs(args.perf, exist_ok=True)
     bench = Bench(args)
-    try:
-        bench.start()
-        bench.sweep()
-    finally:
-        bench.close()
-    bench.results["load_average"]["end"] = load_average()
-    bench.save()
-    png = os.path.join(args.results_dir, f"{args.name}.png")
-    plot(bench.results, png)
-    text = markdown(bench.results, args.name)
-    print(text)
-    if not args.quick and not args.no_docs:
-        update_docs_section(DOCS_START, DOCS_END, DOCS_HEADING, text)
+    run_bench(bench)
+    png = publish_results(bench, plot, markdown, (DOCS_START, DOCS_END, DOCS_HEADING))
     log(f"results: {args.results_dir}/{args.name}.json, {png}")
 
 

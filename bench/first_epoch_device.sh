@@ -69,7 +69,7 @@ wrap() {  # wrap DIR NAME TARGET: TARGET runs DIR's bundled NAME with DIR's libr
   chmod +x "$3"
 }
 # unpack TARBALL DIR: the bundle under DIR, and DIR/build as a build folder for the benchmarks:
-# wrappers for dsfs and dsfs_bench_redis_raw, and what bench/prefetch.py's build_source reads
+# wrappers for dsfs and dsfs_bench_redis_raw, and what bench/common.py's build_source reads
 # (a CMakeCache and a .commit beside its source) so the results name the bundle's commit.
 unpack() {
   mkdir -p "$2/build/bench" "$2/src"

@@ -22,10 +22,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, RedisServer, disk_tier_bytes, drop_caches, load_average, log,  # noqa: E402
-                    machine_info, median, mount_daemon_pid, private_env, process_usage, run,
-                    synth_dataset, tree_info)
-from prefetch import build_source  # noqa: E402
+from common import (REPO, RedisServer, disk_tier_bytes, drop_caches, find_builds,  # noqa: E402
+                    ingest, load_average, log, machine_info, make_workdir, median,
+                    mount_daemon_pid, prepare_dataset, process_usage, relative_paths, run,
+                    split_builds)
 
 READERS = 8
 CACHE_FRACTION = 0.25
@@ -103,17 +103,9 @@ class Sampler:
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.builds = {}
-        for label, build in zip(args.labels, args.builds):
-            dsfs = os.path.abspath(os.path.join(build, "dsfs"))
-            if not os.access(dsfs, os.X_OK):
-                sys.exit(f"bench: {dsfs} is missing; build first (scripts/build {build})")
-            self.builds[label] = {"dsfs": dsfs, "source": build_source(build)}
-        self.dsfs = next(iter(self.builds.values()))["dsfs"]
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-idle-memory-")
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
+        self.builds = find_builds(args.builds, args.labels)
+        self.dsfs = self.builds[args.labels[0]]["dsfs"]
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-idle-memory-")
         self.redis = None
         self.created_data = None
         self.results = {"machine": machine_info(), "config": vars(args).copy(),
@@ -121,17 +113,11 @@ class Bench:
                         "load_average": {"start": load_average()}, "cases": []}
 
     def start(self):
-        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
-        if created and not self.args.keep_data:
-            self.created_data = os.path.dirname(data)
-        self.dataset = tree_info(data)
-        self.results["dataset"] = self.dataset
-        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
-                            for d, _, names in os.walk(data) for n in names)
+        data = prepare_dataset(self)
+        self.paths = relative_paths(data)
         self.redis = RedisServer(self.workdir)
         log(f"ingesting {data}")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", self.redis.url,
-             "--progress", "none"], env=self.env)
+        ingest(self.dsfs, data, self.redis.url, self.env)
 
     def close(self):
         self.umount()
@@ -267,11 +253,8 @@ def main():
     p.add_argument("--keep-data", action="store_true", help="keep the synthetic dataset")
     p.add_argument("--name", default="idle_memory", help="results file name")
     args = p.parse_args()
-    args.builds = args.builds.split(",")
-    args.labels = (args.labels.split(",") if args.labels
-                   else [os.path.basename(os.path.abspath(b)) for b in args.builds])
-    if len(args.labels) != len(args.builds) or len(set(args.labels)) != len(args.labels):
-        sys.exit("bench: --labels needs one distinct name per build")
+    args.builds, args.labels = split_builds(args.builds, args.labels,
+                                            "bench: --labels needs one distinct name per build")
     if os.geteuid() != 0:
         sys.exit("bench: run as root (it mounts and drops the page cache)")
     bench = Bench(args)

@@ -51,11 +51,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, load_average, log, machine_info, median,  # noqa: E402
-                    mount_daemon_pid, private_env, process_usage, run, synth_dataset, tree_info,
-                    update_docs_section)
+from common import (REPO, build_binary, build_source, check_choices, ingest,  # noqa: E402
+                    interrupt_on_signals, load_average, log, machine_info, make_workdir, median,
+                    mount_daemon_pid, prepare_dataset, process_usage, publish_results,
+                    relative_paths, remove_created_data, require_root, run, run_bench,
+                    save_results, show_docs_section)
 from cluster import TcpProxy, TcpRedis, free_port, stop_process, wait_port  # noqa: E402
-from prefetch import build_source  # noqa: E402
 
 DOCS_START = "<!-- peers.py: start -->"
 DOCS_END = "<!-- peers.py: end -->"
@@ -179,20 +180,14 @@ http {{
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.dsfs = os.path.abspath(os.path.join(args.build, "dsfs"))
-        if not os.access(self.dsfs, os.X_OK):
-            sys.exit(f"bench: {self.dsfs} is missing; build first (scripts/build {args.build})")
+        built = build_binary(args.build)
         for tool in ("rclone", NGINX, "redis-server", "fusermount3"):
             if not shutil.which(tool):
                 sys.exit(f"bench: {tool} is missing; run bench/peers.sh (it installs the peers)")
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-peers-")
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-peers-")
         # A copy, so that a rebuild of the build directory during the run changes nothing.
-        built = self.dsfs
         self.dsfs = os.path.join(self.workdir, "dsfs")
         shutil.copy2(built, self.dsfs)
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
         self.redis = self.nginx = self.created_data = self.rclone = self.dsfs_pid = None
         self.proxies = {}
         self.results = {"machine": machine_info(), "config": vars(args).copy(),
@@ -203,21 +198,15 @@ class Bench:
 
     def start(self):
         a = self.args
-        data, created = synth_dataset(self.dsfs, a.data_dir, a.files)
-        if created and not a.keep_data:
-            self.created_data = os.path.dirname(data)
+        data = prepare_dataset(self)
         self.data = data
-        self.dataset = tree_info(data)
-        self.results["dataset"] = self.dataset
-        self.paths = sorted(os.path.relpath(os.path.join(d, n), data)
-                            for d, _, names in os.walk(data) for n in names)
+        self.paths = relative_paths(data)
         self.cache_bytes = max(1 << 20, int(self.dataset["bytes"] * a.cache_percent / 100))
         self.results["cache_bytes"] = self.cache_bytes
         self.redis = TcpRedis(self.workdir)
         url = f"redis://127.0.0.1:{self.redis.port}"
         log(f"ingesting {data} into {url} (dsfs ingest, and plain keys {KEY_PREFIX}PATH)")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", url,
-             "--progress", "none"], env=self.env)
+        ingest(self.dsfs, data, url, self.env)
         self.store_plain_keys()
         self.nginx = Nginx(self.workdir, data)
         log(f"nginx on 127.0.0.1:{self.nginx.port} serving {data}")
@@ -246,12 +235,7 @@ class Bench:
             log(f"{self.mnt} is still mounted; leaving {self.workdir}")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.created_data:
-            shutil.rmtree(self.created_data, ignore_errors=True)
-            try:
-                os.rmdir(self.args.data_dir)
-            except OSError:
-                pass
+        remove_created_data(self.created_data, self.args.data_dir)
 
     def stop_proxies(self):
         proxies, self.proxies = self.proxies, {}
@@ -409,9 +393,7 @@ class Bench:
         self.save()
 
     def save(self):
-        os.makedirs(self.args.results_dir, exist_ok=True)
-        with open(os.path.join(self.args.results_dir, f"{self.args.name}.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
+        save_results(self.results, self.args.results_dir, self.args.name)
 
 
 def proxy_counters(proxy):
@@ -676,41 +658,22 @@ def main():
         with open(os.path.join(args.results_dir, f"{args.name}.json")) as f:
             results = json.load(f)
         plot(results, os.path.join(args.results_dir, f"{args.name}.png"))
-        text = markdown(results, args.name)
-        print(text)
-        if not args.no_docs:
-            update_docs_section(DOCS_START, DOCS_END, DOCS_HEADING, text)
+        show_docs_section(markdown(results, args.name), (DOCS_START, DOCS_END, DOCS_HEADING),
+                          not args.no_docs)
         return
-    if os.geteuid() != 0:
-        sys.exit("bench: needs root (FUSE mounts, drop_caches)")
+    require_root()
     q = args.quick
     args.files = args.files or (200 if q else 2000)
     args.runs = args.runs or (1 if q else 3)
     args.rtts = [int(x) for x in (args.rtts or ("0,10" if q else "0,10,100")).split(",")]
     args.epoch_seconds = args.epoch_seconds or (20 if q else 90)
     args.peers = [x for x in args.peers.split(",") if x]
-    for peer in args.peers:
-        if peer not in PEERS:
-            sys.exit(f"bench: unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+    check_choices(args.peers, PEERS, "peer")
     args.peers = [x for x in PEERS if x in args.peers]
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interrupt_on_signals()
     bench = Bench(args)
-    t0 = time.time()
-    try:
-        bench.start()
-        bench.sweep()
-    finally:
-        bench.close()
-    bench.results["load_average"]["end"] = load_average()
-    bench.results["wall_s"] = round(time.time() - t0, 1)
-    bench.save()
-    png = os.path.join(args.results_dir, f"{args.name}.png")
-    plot(bench.results, png)
-    text = markdown(bench.results, args.name)
-    print(text)
-    if not args.quick and not args.no_docs:
-        update_docs_section(DOCS_START, DOCS_END, DOCS_HEADING, text)
+    bench.results["wall_s"] = round(run_bench(bench), 1)
+    png = publish_results(bench, plot, markdown, (DOCS_START, DOCS_END, DOCS_HEADING))
     log(f"results: {args.results_dir}/{args.name}.json, {png} ({bench.results['wall_s']} s)")
 
 

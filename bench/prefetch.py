@@ -31,18 +31,17 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (REPO, Proxy, RedisServer, drop_caches, load_average, log,  # noqa: E402
-                    machine_info, median, mount_daemon_pid, private_env, process_usage, run,
-                    synth_dataset, tree_info, update_docs_section)
+from common import (REPO, Proxy, build_binary, build_source, close_bench,  # noqa: E402
+                    drop_caches, load_average, log, machine_info, make_workdir, median,
+                    mount_daemon_pid, prepare_dataset, process_usage, run, serve_dataset, unmount,
+                    update_docs_section)
 
 JOBS = 8
 DOCS_START = "<!-- bench/prefetch.py: start -->"
@@ -150,44 +149,13 @@ def unread_set_bound(fraction):
     return fraction * (1 + math.log(1 / fraction))
 
 
-def build_source(build):
-    """Which sources the build was made from: its CMake source directory and, from git there
-    (or a .commit file beside an exported snapshot), the commit and whether the C++ differed."""
-    info = {"build": os.path.abspath(build)}
-    try:
-        with open(os.path.join(build, "CMakeCache.txt")) as f:
-            for line in f:
-                if line.startswith("CMAKE_HOME_DIRECTORY:"):
-                    info["source"] = line.split("=", 1)[1].strip()
-                elif line.startswith("CMAKE_BUILD_TYPE:"):
-                    info["build_type"] = line.split("=", 1)[1].strip()
-    except OSError:
-        return info
-    source = info.get("source")
-    if source and os.path.exists(os.path.join(source, ".commit")):
-        with open(os.path.join(source, ".commit")) as f:
-            info.update(commit=f.read().strip(), uncommitted_changes=False)
-    elif source:
-        head = run(["git", "-C", source, "rev-parse", "--short", "HEAD"], check=False)
-        dirty = run(["git", "-C", source, "status", "--porcelain", "--", "src", "fs", "prefetch",
-                     "tools", "cuda"], check=False)
-        if head.returncode == 0:
-            info.update(commit=head.stdout.strip(), uncommitted_changes=bool(dirty.stdout.strip()))
-    return info
-
-
 # ---- the benchmark ------------------------------------------------------------------------------
 
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.dsfs = os.path.abspath(os.path.join(args.build, "dsfs"))
-        if not os.access(self.dsfs, os.X_OK):
-            sys.exit(f"bench: {self.dsfs} is missing; build first (scripts/build {args.build})")
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-prefetch-bench-")
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
+        self.dsfs = build_binary(args.build)
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-prefetch-bench-")
         self.redis = None
         self.proxy = None
         self.created_data = None
@@ -198,33 +166,13 @@ class Bench:
     # ---- setup and teardown ----
 
     def start(self):
-        data, created = synth_dataset(self.dsfs, self.args.data_dir, self.args.files)
-        if created and not self.args.keep_data:
-            self.created_data = os.path.dirname(data)
-        self.dataset = tree_info(data)
-        self.results["dataset"] = self.dataset
+        data = prepare_dataset(self)
         self.file_sizes = [os.path.getsize(os.path.join(d, n))
                            for d, _, names in os.walk(data) for n in names]
-        self.redis = RedisServer(self.workdir)
-        log(f"ingesting {data} into {self.redis.url}")
-        run([self.dsfs, "ingest", data, "--dataset", "bench", "--redis", self.redis.url,
-             "--progress", "none"], env=self.env)
-        if self.created_data:  # Redis holds it now; free the tmpfs copy's memory
-            shutil.rmtree(self.created_data, ignore_errors=True)
+        serve_dataset(self, data)
 
     def close(self):
-        self.umount()
-        if self.proxy:
-            self.proxy.close()
-        if self.redis:
-            self.redis.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.created_data:
-            shutil.rmtree(self.created_data, ignore_errors=True)
-            try:  # the data directory itself, when nothing else is kept in it
-                os.rmdir(self.args.data_dir)
-            except OSError:
-                pass
+        close_bench(self)
 
     def use_proxy(self, rtt_ms):
         """The proxy for this RTT, replacing any other."""
@@ -250,11 +198,7 @@ class Bench:
         return os.path.join(self.mnt, "bench")
 
     def umount(self):
-        if os.path.ismount(self.mnt):
-            res = run([self.dsfs, "umount", self.mnt], env=self.env, check=False)
-            if os.path.ismount(self.mnt):
-                log(f"dsfs umount failed ({res.stderr.strip()}); lazy unmount")
-                run(["umount", "-l", self.mnt], check=False)
+        unmount(self.dsfs, self.mnt, self.env)
 
     def stats(self):
         with open(os.path.join(self.mnt, ".dsfs", "stats.json")) as f:

@@ -16,11 +16,10 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 
-from common import (REPO, Proxy, RedisServer, drop_caches, log, machine_info, median,
-                    private_env, run, synth_dataset, tree_info, update_docs_section)
+from common import (REPO, Proxy, RedisServer, build_binary, drop_caches, ingest, log, machine_info,
+                    make_workdir, median, run, synth_dataset, tree_info, update_docs_section)
 
 H100_SAMPLES_PER_S = 1786  # MLPerf Storage ResNet-50: one H100 at full speed
 UTILIZATION_BAR = 0.9
@@ -32,16 +31,9 @@ DOCS_END = "<!-- bench/run.py read_path: end -->"
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.dsfs = os.path.abspath(os.path.join(args.build, "dsfs"))
-        self.redis_raw = os.path.abspath(os.path.join(args.build, "bench",
-                                                      "dsfs_bench_redis_raw"))
-        for exe in (self.dsfs, self.redis_raw):
-            if not os.access(exe, os.X_OK):
-                sys.exit(f"bench: {exe} is missing; build first (scripts/build {args.build})")
-        self.workdir = tempfile.mkdtemp(prefix="dsfs-bench-")
-        self.env = private_env(self.workdir)
-        self.mnt = os.path.join(self.workdir, "mnt")
-        os.makedirs(self.mnt)
+        self.dsfs = build_binary(args.build)
+        self.redis_raw = build_binary(args.build, os.path.join("bench", "dsfs_bench_redis_raw"))
+        self.workdir, self.env, self.mnt = make_workdir("dsfs-bench-")
         self.redis = None
         self.results = {"machine": machine_info(), "config": vars(args).copy(), "cases": {}}
 
@@ -57,8 +49,7 @@ class Bench:
         self.data = self.dataset()
         self.redis = RedisServer(self.workdir)
         log(f"ingesting {self.data} into {self.redis.url}")
-        run([self.dsfs, "ingest", self.data, "--dataset", "bench", "--redis", self.redis.url,
-             "--progress", "none"], env=self.env)
+        ingest(self.dsfs, self.data, self.redis.url, self.env)
 
     def close(self):
         self.umount()
