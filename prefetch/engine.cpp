@@ -227,11 +227,7 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     // their replies come (and wake an idle one when they have their share: next_fetches), so a
     // read wakes a worker only when none has any, and at most every millisecond: a wake-up per
     // read would cost a context switch per file.
-    if (idle_workers_ == options_.connections && now - last_wakeup_ > 1ms) {
-      last_wakeup_ = now;
-      wake_idle_workers_locked();
-      wake = true;
-    }
+    wake = idle_workers_ == options_.connections && idle_wakeup_due_locked(now);
   }
   if (wake) work_.notify_one();
 }
@@ -239,6 +235,17 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
 void PrefetchEngine::new_epoch_locked() {
   cache_.new_epoch();
   if (DiskTier* tier = fetcher_.disk_tier()) tier->new_epoch();
+}
+
+bool PrefetchEngine::idle_wakeup_due_locked(Clock::time_point now) {
+  if (now - last_wakeup_ <= 1ms) return false;
+  last_wakeup_ = now;
+  wake_idle_workers_locked();
+  return true;
+}
+
+bool PrefetchEngine::windows_take_more_locked() const {
+  return windows_.propose_more() && windows_.inflight() < windows_.limit();
 }
 
 bool PrefetchEngine::active_locked(Clock::time_point now) const {
@@ -255,12 +262,8 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
   // files of the same stretch of the order.
   const size_t fair_share = windows_.limit() / options_.connections + kFetchBatch;
   if (outstanding >= fair_share) {
-    // Room left in the windows is another worker's to take (at most a wake-up a millisecond).
-    const Clock::time_point now = Clock::now();
-    if (idle_workers_ > 0 && windows_.propose_more() && windows_.inflight() < windows_.limit() &&
-        now - last_wakeup_ > 1ms) {
-      last_wakeup_ = now;
-      wake_idle_workers_locked();
+    // Room left in the windows is another worker's to take.
+    if (idle_workers_ > 0 && windows_take_more_locked() && idle_wakeup_due_locked(Clock::now())) {
       work_.notify_one();
     }
     return out;
@@ -284,8 +287,7 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
   propose_locked(room, out, ready);
   // A full batch, and the windows take more: another worker takes the next one now rather than
   // at its next reply or wake-up.
-  if (out.size() == room && idle_workers_ > 0 && windows_.propose_more() &&
-      windows_.inflight() < windows_.limit()) {
+  if (out.size() == room && idle_workers_ > 0 && windows_take_more_locked()) {
     wake_idle_workers_locked();
     work_.notify_one();
   }

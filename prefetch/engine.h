@@ -274,6 +274,11 @@ class PrefetchEngine {
   // changes, and waits out any other notify (or a spurious one) of work_.
   uint64_t idle_wakeups_ = 0;
   void wake_idle_workers_locked() { ++idle_wakeups_; }  // then notify work_; mutex_ held
+  // A wake-up for an idle worker (wake_idle_workers_locked) unless one was made within the last
+  // millisecond: true when made (then notify work_). mutex_ held.
+  bool idle_wakeup_due_locked(std::chrono::steady_clock::time_point now);
+  // Whether the windows take more fetches now. mutex_ held.
+  bool windows_take_more_locked() const;
   std::condition_variable retry_wait_;  // a worker's backoff after a failed send; stop() ends it
   std::chrono::steady_clock::time_point last_wakeup_{};
   SourceReadyListener source_listener_;
