@@ -24,8 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (REPO, RedisServer, disk_tier_bytes, drop_caches, find_builds,  # noqa: E402
                     ingest, load_average, log, machine_info, make_workdir, median,
-                    mount_daemon_pid, prepare_dataset, process_usage, relative_paths, run,
-                    split_builds)
+                    mount_daemon_pid, prepare_dataset, process_usage, relative_paths,
+                    require_root, run, save_results, split_builds)
 
 READERS = 8
 CACHE_FRACTION = 0.25
@@ -255,17 +255,15 @@ def main():
     args = p.parse_args()
     args.builds, args.labels = split_builds(args.builds, args.labels,
                                             "bench: --labels needs one distinct name per build")
-    if os.geteuid() != 0:
-        sys.exit("bench: run as root (it mounts and drops the page cache)")
+    require_root()
     bench = Bench(args)
     try:
         bench.start()
         summary = bench.run()
     finally:
         bench.close()
+    save_results(bench.results, os.path.join(REPO, "bench", "results"), args.name)
     out = os.path.join(REPO, "bench", "results", args.name)
-    with open(out + ".json", "w") as f:
-        json.dump(bench.results, f, indent=1)
     plot(bench.results, out + ".png")
     for label, s in summary.items():
         log(f"{label}: median {s['files_per_s']:.0f} files/s; RSS peak "
