@@ -951,9 +951,14 @@ TEST_F(DiskTierTest, ConcurrentReadsWritesAndEvictionsNeverGiveWrongBytes) {
   std::vector<std::thread> threads;
   std::atomic<uint64_t> served{0};
   std::atomic<uint64_t> wrong{0};
+  // The writer is a thread of its own: on a loaded machine it may not have written anything
+  // within the 400 rounds, so they go on until some reads were served (or a deadline passes).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (unsigned t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (unsigned round = 0; round < 400; ++round) {
+      for (unsigned round = 0;
+           round < 400 || (served.load() == 0 && std::chrono::steady_clock::now() < deadline);
+           ++round) {
         const uint64_t i = 1 + (round * 7 + t * 13) % kObjects;
         if (const ObjectBuffer got = tier->get(key(i), 3000)) {
           served.fetch_add(1);
