@@ -231,6 +231,7 @@ std::string Filesystem::render_snapshot(std::string (*render)(const StatsSources
       .redis_endpoint = client_->describe(),
       .ns = options_.ns,
       .memory = trimmer_.stats(),
+      .buffer_reuse = store::value_buffer_reuse_stats(),
       .resident_bytes = resident_bytes(),
   });
 }

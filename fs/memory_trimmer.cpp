@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include "src/store/value_buffer.h"
+
 namespace dsfs::fs {
 
 MemoryTrimmer::MemoryTrimmer(std::function<uint64_t()> activity, std::chrono::milliseconds idle)
@@ -52,6 +54,7 @@ void MemoryTrimmer::run(std::stop_token stop) {
     trimmed_since = true;
     lock.unlock();  // a trim of a large heap takes a while; stats() must not wait for it
     const uint64_t before = resident_bytes();
+    store::release_reusable_value_buffers();  // the buffers kept for reuse go back first
     malloc_trim(0);
     const uint64_t after = resident_bytes();
     lock.lock();

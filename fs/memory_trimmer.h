@@ -14,7 +14,8 @@ namespace dsfs::fs {
 // allocation: after an epoch (or while training validates) a mount held 63-106 MiB more than its
 // 266 MiB cache, and 24-28 MiB once trimmed (docs/benchmarks.md, "Memory given back when reads
 // pause"). So once `activity` (a count that grows with reads) has not moved for `idle`, and moved
-// since the last trim, the trimmer's thread calls malloc_trim(0) once; never while reads go on,
+// since the last trim, the trimmer's thread frees the object buffers kept for reuse
+// (store::release_reusable_value_buffers) and calls malloc_trim(0) once; never while reads go on,
 // where the freed memory is about to be used again and trimming would hold an arena's lock.
 //
 // Thread safety: stats() may be called from any thread; start() and the destructor from one.

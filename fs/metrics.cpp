@@ -331,6 +331,11 @@ std::string render_metrics(const StatsSources& sources) {
             sources.memory.trims);
   x.counter("dsfs_memory_released_bytes_total", "Resident memory those trims gave back",
             sources.memory.released_bytes);
+  x.gauge("dsfs_memory_reusable_bytes",
+          "Freed object buffers kept for the next objects of their size",
+          sources.buffer_reuse.held_bytes);
+  x.counter("dsfs_memory_buffers_reused_total",
+            "Object buffers given out again instead of allocated", sources.buffer_reuse.reused);
   append_prefetch(x, sources.reads, sources.prefetch, sources.cache);
   append_stall_histogram(out, "dsfs_read_stall_seconds",
                          "How long READs of dataset files waited for their bytes (0 when cached)",

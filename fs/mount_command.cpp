@@ -41,6 +41,7 @@
 #include "src/catalog/keys.h"
 #include "src/catalog/names.h"
 #include "src/store/embedded_server.h"
+#include "src/store/value_buffer.h"
 
 extern char** environ;
 
@@ -347,6 +348,9 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
     lock.record_pid();
   }
   tune_malloc();
+  // Buffers of evicted objects are kept for the next ones, up to a sixteenth of the cache beside
+  // it (src/store/value_buffer.h).
+  store::set_value_buffer_reuse_limit(args.cache_bytes / 16);
   // Declared after the filesystem, so it stops before what it reports on goes.
   std::optional<MetricsServer> metrics;
   // After the fork: CUDA state does not survive one.

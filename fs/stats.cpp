@@ -320,7 +320,12 @@ std::string render_stats_json(const StatsSources& sources) {
       {"memory",
        {{"rss_bytes", sources.resident_bytes},
         {"trims", sources.memory.trims},
-        {"released_bytes", sources.memory.released_bytes}}},
+        {"released_bytes", sources.memory.released_bytes},
+        {"buffer_reuse",
+         {{"limit_bytes", sources.buffer_reuse.limit_bytes},
+          {"held_bytes", sources.buffer_reuse.held_bytes},
+          {"reused", sources.buffer_reuse.reused},
+          {"allocated", sources.buffer_reuse.allocated}}}}},
   };
   return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }

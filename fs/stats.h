@@ -18,6 +18,7 @@
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "prefetch/read_stats.h"
+#include "src/store/value_buffer.h"
 
 namespace dsfs::fs {
 
@@ -86,7 +87,8 @@ struct StatsSources {
   std::string_view redis_endpoint;  // already redacted
   std::string_view ns;
   MemoryTrimmer::Stats memory;
-  uint64_t resident_bytes = 0;  // the daemon's RSS (fs::resident_bytes)
+  store::ValueBufferReuseStats buffer_reuse;  // object buffers kept for reuse
+  uint64_t resident_bytes = 0;                // the daemon's RSS (fs::resident_bytes)
 };
 
 std::string render_stats_json(const StatsSources& sources);

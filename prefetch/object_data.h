@@ -41,7 +41,7 @@ class ObjectData {
 
  private:
   std::string owned_;
-  std::unique_ptr<char[]> value_;
+  store::ValueBuffer value_;
   store::AlignedValueBuffer block_;
   std::string_view bytes_;
   mutable std::atomic<bool> awaiting_disk_{false};

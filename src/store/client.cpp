@@ -14,6 +14,7 @@
 
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
+#include "src/store/value_buffer.h"
 
 namespace dsfs::store {
 namespace {
@@ -623,7 +624,7 @@ ValueReply Client::get_one(const std::string& key, std::chrono::milliseconds ret
     value.kind = ValueReply::Kind::kValue;
     const std::string_view bytes = reply.str();
     value.size = bytes.size();
-    value.bytes = std::make_unique_for_overwrite<char[]>(std::max<size_t>(bytes.size(), 1));
+    value.bytes = new_value_buffer(std::max<size_t>(bytes.size(), 1));
     std::memcpy(value.bytes.get(), bytes.data(), bytes.size());
   }
   return value;

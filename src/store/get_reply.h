@@ -12,13 +12,15 @@
 #include <string>
 #include <string_view>
 
+#include "src/store/value_buffer.h"
+
 namespace dsfs::store {
 
 // One GET reply read by Connection::get_values.
 struct ValueReply {
   enum class Kind : uint8_t { kValue, kNil, kError };
   Kind kind = Kind::kNil;
-  std::unique_ptr<char[]> bytes;  // kValue: `size` bytes, no terminator
+  ValueBuffer bytes;  // kValue: `size` bytes (or more), no terminator
   size_t size = 0;
   std::string error;  // kError: Redis's message
 };

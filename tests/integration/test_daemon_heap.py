@@ -155,3 +155,30 @@ class MemoryTrimTest(DsfsTestCase):
         if uses_glibc_malloc(pid):
             self.assertGreater(memory["released_bytes"], 0,
                                f"the trim gave nothing back: {memory}")
+
+    def test_buffers_of_evicted_objects_are_reused_and_given_back_once_reads_pause(self):
+        """The buffers of objects the cache lets go are kept (up to a sixteenth of the cache) for
+        the next objects of about their size, then freed when reads pause; the bytes every read
+        returns stay the file's own."""
+        files, size = 64, 200 * 1024
+        src = os.path.join(self.tmp, "src")
+        os.makedirs(os.path.join(src, "c"))
+        for i in range(files):
+            with open(os.path.join(src, "c", f"{i:02d}.bin"), "wb") as f:
+                f.write(bytes([i]) * (size + i))
+        self.dsfs("ingest", src, "--dataset", "ds")
+        mnt = self.mount("--cache-size", "4MiB")  # holds 20 of the 64; keeps one freed buffer
+        reuse = self.stats(mnt)["memory"]["buffer_reuse"]
+        self.assertEqual(reuse["limit_bytes"], 4 * 1024 * 1024 // 16)
+        self.assertEqual(reuse["reused"], 0)
+        for order in (range(files), reversed(range(files))):
+            for i in order:
+                with open(os.path.join(mnt, "ds", "c", f"{i:02d}.bin"), "rb") as f:
+                    self.assertEqual(f.read(), bytes([i]) * (size + i), f"file {i}")
+        reuse = self.stats(mnt)["memory"]["buffer_reuse"]
+        self.assertGreater(reuse["reused"], 0, f"no evicted object's buffer was reused: {reuse}")
+        self.assertLessEqual(reuse["held_bytes"], reuse["limit_bytes"])
+        wait_for(lambda: self.stats(mnt)["memory"]["trims"] >= 1, timeout=30,
+                 what="a trim after the reads paused")
+        self.assertEqual(self.stats(mnt)["memory"]["buffer_reuse"]["held_bytes"], 0,
+                         "the buffers kept for reuse were not freed when the reads paused")

@@ -297,6 +297,10 @@ class MetricsRender : public ::testing::Test {
                         .redis_endpoint = "redis://:***@127.0.0.1:6379",
                         .ns = "dsfs",
                         .memory = {.trims = 2, .released_bytes = 4096},
+                        .buffer_reuse = {.limit_bytes = 1 << 20,
+                                         .held_bytes = 204'800,
+                                         .reused = 7,
+                                         .allocated = 3},
                         .resident_bytes = 8192};
   }
 
@@ -364,6 +368,12 @@ TEST_F(MetricsRender, FiguresMatchTheSourcesAndStatsJson) {
   EXPECT_EQ(json["memory"]["trims"], 2);
   EXPECT_EQ(value_of(x, "dsfs_memory_released_bytes_total"), "4096");
   EXPECT_EQ(json["memory"]["released_bytes"], 4096);
+  EXPECT_EQ(value_of(x, "dsfs_memory_reusable_bytes"), "204800");
+  EXPECT_EQ(value_of(x, "dsfs_memory_buffers_reused_total"), "7");
+  EXPECT_EQ(json["memory"]["buffer_reuse"]["limit_bytes"], 1 << 20);
+  EXPECT_EQ(json["memory"]["buffer_reuse"]["held_bytes"], 204'800);
+  EXPECT_EQ(json["memory"]["buffer_reuse"]["reused"], 7);
+  EXPECT_EQ(json["memory"]["buffer_reuse"]["allocated"], 3);
   EXPECT_EQ(value_of(x, "dsfs_read_stall_seconds_count"), "2");
   EXPECT_EQ(value_of(x, "dsfs_read_stall_seconds_bucket", {{"le", "+Inf"}}), "2");
   EXPECT_NEAR(std::stod(*value_of(x, "dsfs_read_stall_seconds_sum")),

@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 namespace dsfs::store {
@@ -36,7 +38,7 @@ TEST(ValueBuffer, ALargeBufferIsMappedBeforeItsFirstWrite) {
   if (!kernel_populates_on_advice()) GTEST_SKIP() << "no MADV_POPULATE_WRITE (Linux < 5.14)";
   // 8 MiB: above glibc's mmap threshold in this process, so the memory is fresh, never touched.
   constexpr size_t kBytes = size_t{8} << 20;
-  const std::unique_ptr<char[]> buffer = new_value_buffer(kBytes);
+  const ValueBuffer buffer = new_value_buffer(kBytes);
   ASSERT_NE(buffer, nullptr);
   EXPECT_TRUE(all_pages_resident(buffer.get(), kBytes))
       << "fresh pages would fault one by one as the socket or the file fills them";
@@ -47,7 +49,7 @@ TEST(ValueBuffer, ALargeBufferIsMappedBeforeItsFirstWrite) {
 
 TEST(ValueBuffer, EmptyAndSmallBuffersAreGiven) {
   EXPECT_NE(new_value_buffer(0), nullptr);
-  const std::unique_ptr<char[]> small = new_value_buffer(100);
+  const ValueBuffer small = new_value_buffer(100);
   small[99] = 'x';
   EXPECT_EQ(small[99], 'x');
 }
@@ -67,6 +69,122 @@ TEST(ValueBuffer, AnAlignedBufferIsAlignedForDirectIoAndPreFaulted) {
   constexpr size_t kBytes = size_t{8} << 20;
   const AlignedValueBuffer large = new_aligned_value_buffer(kBytes);
   EXPECT_TRUE(all_pages_resident(large.get(), kBytes));
+}
+
+// The reuse pool is the process's; each test starts it with a limit of its own and ends it off.
+class ValueBufferReuse : public ::testing::Test {
+ protected:
+  void SetUp() override { set_value_buffer_reuse_limit(size_t{1} << 20); }
+  void TearDown() override { set_value_buffer_reuse_limit(0); }
+};
+
+TEST_F(ValueBufferReuse, AFreedBufferGoesToTheNextValueOfItsSize) {
+  ValueBuffer first = new_value_buffer(100'000);
+  const char* memory = first.get();
+  std::memset(first.get(), 'a', 100'000);
+  const ValueBufferReuseStats before = value_buffer_reuse_stats();
+  first.reset();
+  EXPECT_EQ(value_buffer_reuse_stats().held_bytes, before.held_bytes + 25 * 4096)
+      << "100,000 bytes are kept as 25 steps of 4 KiB";
+  // 99,000 bytes round up to the same 102,400.
+  const ValueBuffer second = new_value_buffer(99'000);
+  EXPECT_EQ(second.get(), memory);
+  const ValueBufferReuseStats after = value_buffer_reuse_stats();
+  EXPECT_EQ(after.reused, before.reused + 1);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_EQ(after.held_bytes, before.held_bytes);
+}
+
+TEST_F(ValueBufferReuse, AValueOfAnotherSizeGetsFreshMemory) {
+  new_value_buffer(100'000).reset();
+  const ValueBufferReuseStats before = value_buffer_reuse_stats();
+  const ValueBuffer larger = new_value_buffer(200'000);
+  const ValueBufferReuseStats after = value_buffer_reuse_stats();
+  EXPECT_EQ(after.reused, before.reused);
+  EXPECT_EQ(after.allocated, before.allocated + 1);
+  EXPECT_EQ(after.held_bytes, before.held_bytes) << "the held buffer stays for its own size";
+}
+
+TEST_F(ValueBufferReuse, ThePoolHoldsNoMoreThanItsLimit) {
+  set_value_buffer_reuse_limit(250'000);
+  std::vector<ValueBuffer> buffers;
+  for (int i = 0; i < 3; ++i) buffers.push_back(new_value_buffer(100'000));
+  buffers.clear();  // 3 x 102,400 freed: two fit the limit, the third goes back to the heap
+  EXPECT_EQ(value_buffer_reuse_stats().held_bytes, 2 * 102'400u);
+  EXPECT_EQ(value_buffer_reuse_stats().limit_bytes, 250'000u);
+}
+
+TEST_F(ValueBufferReuse, ReleaseFreesWhatThePoolHolds) {
+  new_value_buffer(100'000).reset();
+  new_value_buffer(300'000).reset();
+  const size_t held = value_buffer_reuse_stats().held_bytes;
+  EXPECT_GE(held, 400'000u);
+  EXPECT_EQ(release_reusable_value_buffers(), held);
+  EXPECT_EQ(value_buffer_reuse_stats().held_bytes, 0u);
+  const ValueBufferReuseStats before = value_buffer_reuse_stats();
+  const ValueBuffer fresh = new_value_buffer(100'000);
+  EXPECT_EQ(value_buffer_reuse_stats().allocated, before.allocated + 1);
+}
+
+TEST_F(ValueBufferReuse, NothingIsKeptWithALimitOfZero) {
+  set_value_buffer_reuse_limit(0);
+  const ValueBufferReuseStats before = value_buffer_reuse_stats();
+  new_value_buffer(100'000).reset();
+  new_value_buffer(100'000).reset();
+  const ValueBufferReuseStats after = value_buffer_reuse_stats();
+  EXPECT_EQ(after.held_bytes, 0u);
+  EXPECT_EQ(after.reused, before.reused);
+  EXPECT_EQ(after.allocated, before.allocated);
+}
+
+TEST_F(ValueBufferReuse, EveryRequestedByteIsThereAndTheRoundingIsASixteenthAtMost) {
+  for (const size_t bytes :
+       {size_t{100}, size_t{65'535}, size_t{65'536}, size_t{65'537}, size_t{131'071},
+        size_t{131'072}, (size_t{1} << 20) + 1, size_t{64} << 20, (size_t{64} << 20) + 1}) {
+    for (int round = 0; round < 2; ++round) {  // fresh, then (for pooled sizes) reused
+      ValueBuffer buffer = new_value_buffer(bytes);
+      std::memset(buffer.get(), 'x', bytes);  // under ASan, a byte short would be reported
+      const size_t capacity = buffer.get_deleter().pooled_capacity;
+      if (bytes < 65'536 || bytes > (size_t{64} << 20)) {
+        EXPECT_EQ(capacity, 0u) << bytes << " bytes are not pooled";
+      } else {
+        EXPECT_GE(capacity, bytes);
+        EXPECT_LE(capacity, bytes + bytes / 16) << bytes << " bytes";
+      }
+    }
+  }
+}
+
+// Buffers freed on one thread are taken by others (the point of the pool): no buffer is ever
+// given to two owners at once, which each owner's own pattern, checked before it lets go, shows.
+TEST_F(ValueBufferReuse, BuffersMoveBetweenThreadsWithOneOwnerEach) {
+  set_value_buffer_reuse_limit(size_t{4} << 20);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  std::vector<std::thread> threads;
+  std::vector<int> damaged(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &damaged] {
+      std::vector<ValueBuffer> held;
+      for (int round = 0; round < kRounds; ++round) {
+        const size_t bytes = 65'536 + static_cast<size_t>((round * 7 + t * 13) % 5) * 4096;
+        ValueBuffer buffer = new_value_buffer(bytes);
+        std::memset(buffer.get(), 'A' + t, bytes);
+        held.push_back(std::move(buffer));
+        if (held.size() > 3) {
+          const ValueBuffer& oldest = held.front();
+          const size_t oldest_bytes = 65'536;  // every buffer has at least this much
+          for (size_t i = 0; i < oldest_bytes; i += 4096) {
+            if (oldest.get()[i] != 'A' + t) ++damaged[t];
+          }
+          held.erase(held.begin());
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(damaged[t], 0) << "thread " << t;
+  EXPECT_GT(value_buffer_reuse_stats().reused, 0u);
 }
 
 }  // namespace
