@@ -138,14 +138,20 @@ TEST_F(ValueBufferReuse, NothingIsKeptWithALimitOfZero) {
 }
 
 TEST_F(ValueBufferReuse, EveryRequestedByteIsThereAndTheRoundingIsASixteenthAtMost) {
+  set_value_buffer_reuse_limit(size_t{128} << 20);  // room for the largest pooled size
   for (const size_t bytes :
        {size_t{100}, size_t{65'535}, size_t{65'536}, size_t{65'537}, size_t{131'071},
         size_t{131'072}, (size_t{1} << 20) + 1, size_t{64} << 20, (size_t{64} << 20) + 1}) {
+    const bool pooled = bytes >= 65'536 && bytes <= (size_t{64} << 20);
+    release_reusable_value_buffers();          // (131,071 bytes round up to 131,072's size)
     for (int round = 0; round < 2; ++round) {  // fresh, then (for pooled sizes) reused
+      const uint64_t reused_before = value_buffer_reuse_stats().reused;
       ValueBuffer buffer = new_value_buffer(bytes);
+      EXPECT_EQ(value_buffer_reuse_stats().reused, reused_before + (pooled && round == 1 ? 1 : 0))
+          << bytes << " bytes, round " << round;
       std::memset(buffer.get(), 'x', bytes);  // under ASan, a byte short would be reported
       const size_t capacity = buffer.get_deleter().pooled_capacity;
-      if (bytes < 65'536 || bytes > (size_t{64} << 20)) {
+      if (!pooled) {
         EXPECT_EQ(capacity, 0u) << bytes << " bytes are not pooled";
       } else {
         EXPECT_GE(capacity, bytes);
