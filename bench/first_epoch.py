@@ -14,12 +14,16 @@ order from run to run):
 
   mount    `dsfs mount --dataset bench --prefetch auto|off --cache-size F x data`, fresh
   reader   c:      `dsfs bench M/bench --pattern epochs --epochs 1 --jobs 8 --drop-caches`
-                   (`--plan` for the plan mode: the epoch's order written to M/.dsfs/plan first)
-           python: 8 threads, a shuffled order, `open(p, "rb").read()` per file (open, fstat,
+                   (`--plan` for the plan mode: the epoch's order written to M/.dsfs/plan first;
+                   `--pattern seq` for the sequential order)
+           python: 8 threads, a shuffled order (or the sorted one: thread i reads files i,
+                   i + 8, ...), `open(p, "rb").read()` per file (open, fstat,
                    read to EOF, close: what PIL and most loaders do); page cache dropped first;
                    the plan mode writes the order to M/.dsfs/plan before the clock starts
            processes: the same in 8 forked processes (as DataLoader workers are), no GIL
                    shared between them (not in the default --readers)
+  order    shuffled (a new permutation, as a shuffling sampler) or sequential (the files in
+           sorted order, as a loader without shuffling, `tar` or `md5sum`): `--orders`
   figures  files/s, the daemon's CPU per file and RSS (VmRSS at the end, VmHWM), its CPU per
            thread name (fetch-N, disk-write-N, ...; FUSE's workers keep the daemon's name) and
            its busiest thread's CPU as a share of the epoch (near 100%: that thread bounds the
@@ -60,18 +64,21 @@ MODES = OrderedDict([("off", {"prefetch": "off", "plan": False}),
                      ("auto", {"prefetch": "auto", "plan": False}),
                      ("plan", {"prefetch": "auto", "plan": True})])
 READERS = ("c", "python", "processes")
+ORDERS = ("shuffled", "sequential")
 DEFAULT_READERS = ("c", "python")
 
 # A fresh interpreter per epoch; prints the files read and the seconds taken. argv: root, seed,
 # plan file or "" (no plan), readers, seconds after which the epoch is cut, "threads" or
-# "processes" (forked after the list is read, each writing its count to a pipe).
+# "processes" (forked after the list is read, each writing its count to a pipe), "shuffled" or
+# "sequential" (the sorted list as it comes).
 PY_READER = r"""
 import os, random, sys, threading, time
 root, seed, plan, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 limit = float(sys.argv[5])
 forked = sys.argv[6] == "processes"
 files = [l for l in sys.stdin.read().split("\n") if l]
-random.Random(seed).shuffle(files)
+if sys.argv[7] == "shuffled":
+    random.Random(seed).shuffle(files)
 if plan:
     mount = os.path.dirname(root)
     with open(plan, "w") as f:
@@ -176,7 +183,7 @@ class Bench:
 
     # ---- one first epoch ----
 
-    def epoch(self, build, url, mode, cache_fraction, reader, seed, profile_name=None):
+    def epoch(self, build, url, mode, cache_fraction, reader, order, seed, profile_name=None):
         """One first epoch; with `profile_name`, profiled (--perf) under that name."""
         spec = MODES[mode]
         cache = max(1 << 20, int(self.dataset["bytes"] * cache_fraction))
@@ -192,7 +199,8 @@ class Bench:
             proxy_start = process_usage(self.proxy.proc.pid)["cpu_s"] if self.proxy else 0
             if reader == "c":
                 out = os.path.join(self.workdir, "bench.json")
-                args = [build["dsfs"], "bench", root, "--pattern", "epochs", "--jobs", JOBS,
+                pattern = "epochs" if order == "shuffled" else "seq"
+                args = [build["dsfs"], "bench", root, "--pattern", pattern, "--jobs", JOBS,
                         "--epochs", 1, "--seed", seed, "--drop-caches", "--json", out,
                         "--duration", f"{self.args.epoch_seconds}s"]
                 if spec["plan"]:
@@ -209,7 +217,7 @@ class Bench:
                 res = subprocess.run(
                     self.counted([sys.executable, "-c", PY_READER, root, str(seed), plan,
                                   str(JOBS), str(self.args.epoch_seconds),
-                                  "processes" if reader == "processes" else "threads"]),
+                                  "processes" if reader == "processes" else "threads", order]),
                     input="\n".join(self.paths), text=True, capture_output=True,
                     timeout=max(600, 20 * self.args.epoch_seconds))
                 if res.returncode != 0:
@@ -370,7 +378,7 @@ class Bench:
                 raw.append(self.raw_epoch(url, seed)["files_per_s"])
                 for fraction in a.caches:
                     for mode in a.modes:
-                        for reader in a.readers:
+                        for reader, order in ((r, o) for o in a.orders for r in a.readers):
                             # Builds alternate in order from run to run, so that what one
                             # case leaves behind for the next (memory freed, pages to reclaim)
                             # favours neither: with prefetching off, the same code in both,
@@ -379,11 +387,12 @@ class Bench:
                             for label, build in (builds[::-1] if rep % 2 else builds):
                                 # --perf: the first run of each case
                                 profile = (f"{label}-rtt{rtt}-cache{fraction}-{mode}-{reader}"
-                                           if a.perf and rep == 0 else None)
-                                fig = self.epoch(build, url, mode, fraction / 100, reader, seed,
-                                                 profile)
-                                runs.setdefault((label, fraction, mode, reader), []).append(fig)
-                                log(f"rtt {rtt} ms, cache {fraction}%, {mode}, {reader}, "
+                                           f"-{order}" if a.perf and rep == 0 else None)
+                                fig = self.epoch(build, url, mode, fraction / 100, reader, order,
+                                                 seed, profile)
+                                runs.setdefault((label, fraction, mode, reader, order),
+                                                []).append(fig)
+                                log(f"rtt {rtt} ms, cache {fraction}%, {mode}, {reader}, {order}, "
                                     f"{label}, run {rep + 1}: {fig['files_per_s']:.0f} files/s, "
                                     f"{fig['cpu_us_per_file']:.0f} us CPU/file "
                                     f"(proxy {fig['proxy_cpu_us_per_file']:.0f}), "
@@ -396,10 +405,10 @@ class Bench:
                                     f"{fig['busiest_thread']['share']:.0%} of the epoch")
             self.results["raw"].append({"rtt_ms": rtt, "runs": raw, "files_per_s": median(raw)})
             log(f"rtt {rtt} ms, raw Redis: {median(raw):.0f} files/s")
-            for (label, fraction, mode, reader), figs in runs.items():
+            for (label, fraction, mode, reader, order), figs in runs.items():
                 self.results["cases"].append({
                     "build": label, "rtt_ms": rtt, "cache_percent": fraction, "mode": mode,
-                    "reader": reader, "runs": figs,
+                    "reader": reader, "order": order, "runs": figs,
                     "files_per_s": median([f["files_per_s"] for f in figs]),
                     "cpu_us_per_file": median([f["cpu_us_per_file"] for f in figs]),
                     "hwm_mib": median([f["hwm_bytes"] for f in figs]) / 2**20,
@@ -415,9 +424,14 @@ class Bench:
 
 def case(results, **match):
     for c in results["cases"]:
-        if all(c[k] == v for k, v in match.items()):
+        # Results written before --orders were all shuffled.
+        if all(c.get(k, "shuffled" if k == "order" else None) == v for k, v in match.items()):
             return c
     return None
+
+
+def orders_of(cfg):
+    return cfg.get("orders", ["shuffled"])
 
 
 def plot(results, path):
@@ -426,16 +440,17 @@ def plot(results, path):
     import matplotlib.pyplot as plt
     cfg = results["config"]
     rtts = cfg["rtts"]
-    fig, axes = plt.subplots(len(cfg["readers"]), len(cfg["caches"]), sharey=True,
-                             figsize=(4 * len(cfg["caches"]), 3.2 * len(cfg["readers"])),
-                             squeeze=False)
-    for row, reader in enumerate(cfg["readers"]):
+    rows = [(reader, order) for order in orders_of(cfg) for reader in cfg["readers"]]
+    fig, axes = plt.subplots(len(rows), len(cfg["caches"]), sharey=True,
+                             figsize=(4 * len(cfg["caches"]), 3.2 * len(rows)), squeeze=False)
+    for row, (reader, order) in enumerate(rows):
         for col, fraction in enumerate(cfg["caches"]):
             ax = axes[row][col]
             for label in cfg["labels"]:
                 for mode in cfg["modes"]:
                     ys = [(case(results, build=label, rtt_ms=r, cache_percent=fraction, mode=mode,
-                                reader=reader) or {}).get("files_per_s", 0) for r in rtts]
+                                reader=reader, order=order) or {}).get("files_per_s", 0)
+                          for r in rtts]
                     ax.plot(range(len(rtts)), ys, marker="o",
                             linestyle="-" if label == cfg["labels"][0] else "--",
                             label=f"{mode} ({label})" if len(cfg["labels"]) > 1 else mode)
@@ -443,7 +458,7 @@ def plot(results, path):
                    for r in rtts]
             ax.plot(range(len(rtts)), raw, color="gray", linestyle=":", label="raw Redis")
             ax.set_xticks(range(len(rtts)), [f"{r} ms" for r in rtts])
-            ax.set_title(f"{reader} reader, cache {fraction}%", fontsize=9)
+            ax.set_title(f"{reader} reader, {order}, cache {fraction}%", fontsize=9)
             ax.set_yscale("log")
             if col == 0:
                 ax.set_ylabel("first epoch, files/s")
@@ -466,24 +481,27 @@ def markdown(results, name):
         lines.append(f"- `{label}`: {src.get('commit', '?')}"
                      f"{' + uncommitted changes' if src.get('uncommitted_changes') else ''}")
     lines.append("")
-    header = "| RTT | cache | reader | raw Redis | " + " | ".join(
+    orders = orders_of(cfg)
+    header = "| RTT | cache | reader | " + ("order | " if orders != ["shuffled"] else "") + \
+        "raw Redis | " + " | ".join(
         f"{m} ({label})" if len(cfg["labels"]) > 1 else m
         for m in cfg["modes"] for label in cfg["labels"]) + " |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for rtt in cfg["rtts"]:
         raw = next((x["files_per_s"] for x in results["raw"] if x["rtt_ms"] == rtt), 0)
         for fraction in cfg["caches"]:
-            for reader in cfg["readers"]:
+            for reader, order in ((r, o) for o in orders for r in cfg["readers"]):
                 cells = []
                 for mode in cfg["modes"]:
                     for label in cfg["labels"]:
                         c = case(results, build=label, rtt_ms=rtt, cache_percent=fraction,
-                                 mode=mode, reader=reader)
+                                 mode=mode, reader=reader, order=order)
                         cells.append("" if c is None else
                                      f"{c['files_per_s']:,.0f} ({c['cpu_us_per_file']:.0f} µs; "
                                      f"{100 * c['ready_share']:.0f}%)")
-                lines.append(f"| {rtt} ms | {fraction}% | {reader} | {raw:,.0f} | "
-                             + " | ".join(cells) + " |")
+                lines.append(f"| {rtt} ms | {fraction}% | {reader} | "
+                             + (f"{order} | " if orders != ["shuffled"] else "")
+                             + f"{raw:,.0f} | " + " | ".join(cells) + " |")
     lines += ["", f"![first epoch](../bench/results/{name}.png)", "", DOCS_END]
     return "\n".join(lines)
 
@@ -505,6 +523,10 @@ def main():
     p.add_argument("--modes", default=",".join(MODES), help="off,auto,plan")
     p.add_argument("--readers", default=",".join(DEFAULT_READERS),
                    help="c,python (and processes: the Python reader in forked processes)")
+    p.add_argument("--orders", default="shuffled",
+                   help="the epoch's order: shuffled (a new permutation, as a shuffling "
+                        "sampler), sequential (the files sorted, as a loader without shuffling "
+                        "or `tar` reads them), or both (shuffled)")
     p.add_argument("--epoch-seconds", type=int, default=20,
                    help="cut an epoch after this long (20)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
@@ -532,7 +554,9 @@ def main():
     args.modes = args.modes.split(",")
     args.readers = args.readers.split(",")
     check_choices(args.modes, MODES, "mode")
+    args.orders = args.orders.split(",")
     check_choices(args.readers, READERS, "reader")
+    check_choices(args.orders, ORDERS, "order")
     args.builds, args.labels = split_builds(args.builds, args.labels,
                                             "bench: --labels needs one distinct name per build")
     interrupt_on_signals()
