@@ -130,25 +130,6 @@ void tune_malloc() {
   }
 }
 
-// Set in the run after exec_with_huge_page_heap's exec: "-" when the user had no
-// GLIBC_TUNABLES, else "=" followed by the user's value.
-constexpr const char* kUserTunablesVariable = "DSFS_USER_GLIBC_TUNABLES";
-
-void restore_user_tunables(const std::string& saved) {
-  if (saved.starts_with('=')) {
-    setenv("GLIBC_TUNABLES", saved.c_str() + 1, 1);
-  } else {
-    unsetenv("GLIBC_TUNABLES");
-  }
-  unsetenv(kUserTunablesVariable);
-}
-
-bool transparent_huge_pages_on_madvise() {
-  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string line;
-  return std::getline(mode, line) && line.find("[madvise]") != std::string::npos;
-}
-
 // Units for durations: a bare number is seconds.
 CLI::AsNumberWithUnit duration_units() {
   return CLI::AsNumberWithUnit(
@@ -768,29 +749,6 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   refresh->add_option("DATASET", refresh_args->datasets,
                       "Datasets to refresh (default: every dataset of the mount)");
   refresh->callback([refresh_args] { run_refresh(*refresh_args); });
-}
-
-// Measured on a VM (docs/benchmarks.md, issue 17): a first epoch with a cache that holds the
-// data, 3,000 files, 2,395 -> 2,805 files/s; 480 instead of 603 us of daemon CPU per file.
-void exec_with_huge_page_heap(char** argv) {
-  if (const char* saved = std::getenv(kUserTunablesVariable)) {
-    restore_user_tunables(saved);  // this is the run after the exec
-    return;
-  }
-  const char* user_tunables = std::getenv("GLIBC_TUNABLES");
-  if (user_tunables != nullptr && std::strstr(user_tunables, "glibc.malloc.hugetlb") != nullptr) {
-    return;  // the user's choice
-  }
-  if (!transparent_huge_pages_on_madvise()) return;  // "always" needs no asking, "never" none
-  const std::string saved =
-      user_tunables == nullptr ? std::string("-") : std::string("=") + user_tunables;
-  const std::string tunables = user_tunables == nullptr || *user_tunables == '\0'
-                                   ? std::string("glibc.malloc.hugetlb=1")
-                                   : std::string(user_tunables) + ":glibc.malloc.hugetlb=1";
-  setenv(kUserTunablesVariable, saved.c_str(), 1);
-  setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
-  execv("/proc/self/exe", argv);
-  restore_user_tunables(saved);  // no exec: run as we are
 }
 
 }  // namespace dsfs::fs

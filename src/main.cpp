@@ -4,7 +4,6 @@
 
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "fs/cache_command.h"
@@ -50,12 +49,6 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "dsfs: error: {}\n", e.what());
     return 1;
   }
-  // Before threads or connections, argv as given: the mount daemon's heap on huge pages (may
-  // exec; the run after it translates the helper form again).
-  if (helper_form || (argc > 1 && std::string_view(argv[1]) == "mount")) {
-    dsfs::fs::exec_with_huge_page_heap(argv);
-  }
-
   // CLI11 parses a copy; the process's own argv, which `ps` shows, loses its passwords first.
   std::vector<std::string> arguments =
       helper_form ? *helper_form : std::vector<std::string>(argv, argv + argc);
