@@ -526,7 +526,7 @@ def main():
     p.add_argument("--orders", default="shuffled",
                    help="the epoch's order: shuffled (a new permutation, as a shuffling "
                         "sampler), sequential (the files sorted, as a loader without shuffling "
-                        "or `tar` reads them), or both (shuffled)")
+                        "or `tar` reads them), or both, comma-separated (default: shuffled)")
     p.add_argument("--epoch-seconds", type=int, default=20,
                    help="cut an epoch after this long (20)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")

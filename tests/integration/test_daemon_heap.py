@@ -1,6 +1,6 @@
 """The mount daemon's malloc heap (issue 17). The daemon runs with the environment the user gave:
 it no longer runs itself again with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, whose heap on huge
-pages read first epochs 1.2-2.3x slower (docs/benchmarks.md, "The daemon's heap on huge pages:
+pages read first epochs 1.06-2.3x slower (docs/benchmarks.md, "The daemon's heap on huge pages:
 taken back"); a user's own glibc.malloc.hugetlb still reaches glibc, and the daemon's children
 inherit the user's environment. Checked on the real daemon: its exec-time environment
 (/proc/PID/environ), its heap mappings (VmFlags `hg` in /proc/PID/smaps) and the environment its
