@@ -465,9 +465,26 @@ def run_soak(redis, proxy, mnt, dataset, expected, seconds, restarts=1, log=prin
         }
     if tier_faults:
         result["tier_faults"] = damage_done
-        result["tier"] = tier_stats(mnt)
-        result["tier_bytes_on_disk"] = bytes_on_disk(tier_faults.tier_dir)
+        result["tier"], result["tier_bytes_on_disk"] = quiet_tier(mnt, tier_faults.tier_dir)
     return result
+
+
+def quiet_tier(mnt, tier_dir, limit_s=30):
+    """The tier's stats and its files' bytes on disk, read while it writes nothing: its
+    write-behind queue still drains after the readers stop, and a walk of its directories while
+    a write takes over an evicted file (renamed into another directory) can count that file
+    twice. Waits (deadline) for the queue to be empty and for the same counters before and after
+    the walk; returns the last reading if it never is."""
+    moving = ("writes", "evictions", "write_errors", "writes_dropped", "bytes_used", "entries")
+    deadline = time.monotonic() + limit_s
+    while True:
+        before = tier_stats(mnt)
+        on_disk = bytes_on_disk(tier_dir)
+        after = tier_stats(mnt)
+        if (after["queued_bytes"] == 0 and all(before[k] == after[k] for k in moving)) \
+                or time.monotonic() > deadline:
+            return after, on_disk
+        time.sleep(0.1)
 
 
 def fault_counts(proxy_stats, before=None):
