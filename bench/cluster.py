@@ -68,8 +68,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (REPO, check_choices, drop_caches, find_builds, ingest,  # noqa: E402
                     interrupt_on_signals, load_average, log, machine_info, make_workdir, median,
                     mount_daemon_pid, prepare_dataset, process_usage, publish_results,
-                    relative_paths, remove_created_data, require_root, run, run_bench,
-                    save_results, show_docs_section, split_builds, unmount)
+                    redis_io_threads, relative_paths, remove_created_data, require_root, run,
+                    run_bench, save_results, show_docs_section, split_builds, unmount)
 from prefetch import stats_delta  # noqa: E402
 
 DOCS_START = "<!-- cluster.py: start -->"
@@ -979,6 +979,12 @@ def main():
         plot(results, os.path.join(args.results_dir, f"{args.name}.png"))
         show_docs_section(text, (DOCS_START, DOCS_END, DOCS_HEADING), not args.no_docs)
         return
+    if redis_io_threads() > 1:
+        # The cluster's nodes are started by `dsfs server start`, which has no io-threads option:
+        # one server with more threads beside single-threaded shards would compare unlike things.
+        sys.exit(f"cluster.py: DSFS_BENCH_REDIS_IO_THREADS={redis_io_threads()} cannot apply to "
+                 f"the cluster's nodes (dsfs server start runs them with Redis's default, one); "
+                 f"unset it to compare one server and the cluster alike")
     require_root()
     q = args.quick
     args.files = args.files or (300 if q else 2000)

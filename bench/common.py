@@ -61,7 +61,7 @@ def proxy_threads():
 
 
 def redis_io_threads():
-    """`io-threads` of RedisServer (not cluster.py's servers): 1, Redis's default
+    """`io-threads` of RedisServer (cluster.py refuses more than 1): 1, Redis's default
     (one thread reads requests and writes replies), unless DSFS_BENCH_REDIS_IO_THREADS says. More
     threads write the replies of many clients in parallel, for a server with CPUs to spare."""
     return int(os.environ.get("DSFS_BENCH_REDIS_IO_THREADS", 1))

@@ -19,11 +19,12 @@ using ValueBuffer = std::unique_ptr<char[], ValueBufferDeleter>;
 // `bytes` bytes of uninitialized memory (nothing is zeroed: every byte is about to be overwritten).
 // When the memory is fresh (a cache filling up never reuses memory), every 4 KiB page would
 // fault on its first write, and on a VM each such fault cost 12-30 us: a buffer of 64 KiB or
-// more is pre-faulted with one MADV_POPULATE_WRITE, which in a heap glibc marked for transparent
-// huge pages maps 2 MiB pages (fs/mount_command.cpp). On memory already mapped the call only
-// walks the page table; kernels before 5.14 answer EINVAL, and the first such answer turns it
-// off. A buffer of 64 KiB to 64 MiB is taken from the reuse pool when it holds one of its size.
-// Throws std::bad_alloc when there is no memory. Thread-safe.
+// more is pre-faulted with one MADV_POPULATE_WRITE (in a heap on transparent huge pages, where
+// the system or the user's GLIBC_TUNABLES puts it, that maps 2 MiB pages; the daemon does not ask
+// for it: docs/architecture.md). On memory already mapped the call only walks the page table;
+// kernels before 5.14 answer EINVAL, and the first such answer turns it off. A buffer of 64 KiB to
+// 64 MiB is taken from the reuse pool when it holds one of its size. Throws std::bad_alloc when
+// there is no memory. Thread-safe.
 ValueBuffer new_value_buffer(size_t bytes);
 
 // The reuse pool: buffers of objects the cache let go, kept for the next values of their size
