@@ -156,7 +156,7 @@ def main():
         "dataset_bytes": sum(size for size, _ in expected.values()),
         "cache_bytes": soak.CACHE_BYTES, "rss_bound": soak.rss_bound(r),
         "disk_cache_bytes": soak.DISK_CACHE_BYTES if args.disk_cache else None,
-        "mount_timeout_s": soak.MOUNT_TIMEOUT_S, "hang_guard_s": soak.HANG_GUARD_S,
+        "mount_timeout_s": soak.MOUNT_TIMEOUT_S, "hang_guard_s": soak.hang_guard(r),
         "redis_down_s": soak.REDIS_DOWN_S, "proxy_faults": soak.PROXY_FAULTS,
         "faults_injected": faults, "passed": not failures, "failures": failures,
     }
