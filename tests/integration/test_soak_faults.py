@@ -82,7 +82,7 @@ HANG_GUARD_S = 2 * (MOUNT_TIMEOUT_S + IO_TIMEOUT_S) + 5
 # Under AddressSanitizer, on two CPUs shared with two busy loops (CI runs two tests at a time), one
 # call took 7.7 s of the 8 s the daemon may take, so 5 s of slack is too little there; a hung call
 # still fails (readers that never return fail "a reader hung" as well).
-ASAN_HANG_GUARD_S = 2 * (MOUNT_TIMEOUT_S + IO_TIMEOUT_S) + 15
+ASAN_HANG_GUARD_S = HANG_GUARD_S + 10
 
 
 def hang_guard(result):
