@@ -242,8 +242,11 @@ size_t Client::node_index(const ClusterNode& cluster_node, bool replica) {
   std::lock_guard lock(mutex_);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const RedisEndpoint& e = nodes_[i]->endpoint;
+    // A node is known once per role: its connections as a replica send READONLY, as a
+    // primary they do not, so one promoted or demoted by a failover gets the index of its new
+    // role (reads sent there as to a replica would otherwise be redirected, every one).
     if (e.transport == RedisEndpoint::Transport::kTcp && e.host == cluster_node.host &&
-        e.port == cluster_node.port) {
+        e.port == cluster_node.port && nodes_[i]->replica == replica) {
       return i;
     }
   }
@@ -300,10 +303,28 @@ void Client::load_topology(Connection& conn, std::string_view asked_host) {
     throw ConnectionError(
         fmt::format("the cluster at {} serves no slot yet", conn.endpoint().describe()));
   }
+  // Nodes (in a role) the new map does not name: their idle connections are closed.
+  std::vector<bool> named;
+  for (const Topology::Range& range : topology->ranges) {
+    for (const size_t index : range.replicas) {
+      named.resize(std::max(named.size(), index + 1));
+      named[index] = true;
+    }
+    named.resize(std::max(named.size(), range.primary + 1));
+    named[range.primary] = true;
+  }
+  std::vector<ConnectionPool*> unnamed;
+  {
+    std::lock_guard lock(mutex_);
+    topology_ = std::move(topology);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (i >= named.size() || !named[i]) unnamed.push_back(nodes_[i]->pool.get());
+    }
+  }
+  for (ConnectionPool* pool : unnamed) pool->close_idle();
+  // Counted last: a GetRouter that sees the count change finds the new map in place.
   refreshes_.fetch_add(1, std::memory_order_relaxed);
   last_refresh_ms_.store(now_ms(), std::memory_order_relaxed);
-  std::lock_guard lock(mutex_);
-  topology_ = std::move(topology);
 }
 
 void Client::refresh_topology() {
@@ -895,6 +916,7 @@ void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t
                      std::span<const size_t> nodes) {
   if (interrupted_) throw ConnectionError("the GET router was interrupted");
   client_.refresh_if_stale();
+  close_unread_streams();
   std::unordered_map<size_t, std::vector<std::string>> by_node;
   std::unordered_map<size_t, std::vector<uint64_t>> tags_by_node;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -986,6 +1008,21 @@ GetRouter::Received GetRouter::receive() {
     reset();
     throw;
   }
+}
+
+void GetRouter::close_unread_streams() {
+  const uint64_t refreshes = client_.topology_refreshes();
+  if (refreshes == refreshes_seen_) return;
+  refreshes_seen_ = refreshes;
+  const std::vector<size_t> read = client_.read_nodes_known();
+  std::lock_guard lock(streams_mutex_);
+  std::erase_if(streams_, [&](const std::unique_ptr<NodeStream>& s) {
+    if (!s->sent.empty() || std::find(read.begin(), read.end(), s->node) != read.end()) {
+      return false;
+    }
+    s->stream.reset();  // before the connection it reads
+    return true;
+  });
 }
 
 bool GetRouter::route_is_replica(size_t node) const {

@@ -283,6 +283,10 @@ class GetRouter {
   std::vector<std::unique_ptr<NodeStream>> streams_;
   size_t outstanding_ = 0;
   size_t next_ = 0;  // where receive() starts looking, so no node is always served last
+  // Closes the streams to nodes reads no longer go to (a failover changed a node's role, a
+  // node left), once per topology the client loads; those with GETs outstanding stay.
+  void close_unread_streams();
+  uint64_t refreshes_seen_ = 0;
   std::atomic<bool> interrupted_{false};
 };
 

@@ -57,6 +57,15 @@ ConnectionPool::Lease ConnectionPool::acquire() {
   }
 }
 
+void ConnectionPool::close_idle() {
+  std::vector<std::unique_ptr<Connection>> closing;
+  {
+    std::lock_guard lock(mutex_);
+    closing.swap(idle_);
+  }
+  // Closed here, outside the lock.
+}
+
 void ConnectionPool::give_back(std::unique_ptr<Connection> conn) {
   {
     std::lock_guard lock(mutex_);

@@ -39,6 +39,10 @@ class ConnectionPool {
   // throws ConnectionError/ReplyError if that fails.
   Lease acquire();
 
+  // Closes the connections not lent out now (a node the topology no longer reads from: they
+  // would stay open for nothing). Lent ones come back as usual.
+  void close_idle();
+
   const RedisEndpoint& endpoint() const { return endpoint_; }
   // Total connects made (first connects plus reconnects), for stats.
   uint64_t connects() const;

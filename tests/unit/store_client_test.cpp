@@ -544,5 +544,150 @@ TEST_F(ClusterTest, APrimaryThatDiesIsReplacedAndReadsGoOn) {
   EXPECT_TRUE(promoted);
 }
 
+// The port of the replica that replicates `primary`, by asking the replicas.
+int replica_of(const std::vector<int>& replicas, int primary) {
+  for (const int port : replicas) {
+    Connection conn(tcp(port));
+    const std::string info(conn.command({"INFO", "replication"}).str());
+    if (info.find("master_port:" + std::to_string(primary) + "\r") != std::string::npos) {
+      return port;
+    }
+  }
+  ADD_FAILURE() << "no replica of " << primary;
+  return 0;
+}
+
+// Waits (bounded) until every node's CLUSTER SLOTS says `primary` serves `slot` with `replica`
+// listed as its replica.
+void wait_until_every_node_says(const std::vector<int>& nodes, uint32_t slot, int primary,
+                                int replica) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    bool all = true;
+    for (const int port : nodes) {
+      Connection conn(tcp(port));
+      const SlotMap map =
+          SlotMap::from_cluster_slots(conn.command({"CLUSTER", "SLOTS"}).raw(), "127.0.0.1");
+      const SlotMap::Range* range = map.find(slot);
+      all = all && range && range->primary.port == primary &&
+            std::any_of(range->replicas.begin(), range->replicas.end(),
+                        [&](const ClusterNode& n) { return n.port == replica; });
+    }
+    if (all) return;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the nodes never agreed that " << primary << " serves slot " << slot << " with "
+        << replica << " as its replica";
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+// A failover swaps two nodes' roles: the client knows each node once per role, so reads meant
+// for replicas go to the demoted node with READONLY, and not one is redirected to the promoted
+// one (before, the demoted node kept its primary's connections and redirected every read).
+TEST_F(ClusterTest, RolesSwappedByAFailoverAreFollowedByReplicaReads) {
+  spoil();  // roles swapped
+  const std::vector<std::string> keys = keys_over_slots(300);
+  {
+    Client writer({tcp(primaries_[0])});
+    write_keys(writer, keys);
+  }
+  wait_until_replicas_listed();
+  Client client({tcp(primaries_[0])}, ClientOptions{.read_from = ReadFrom::kReplica});
+  std::vector<ValueReply> got = client.get_values(keys, 8, 5s);  // every node known, in its role
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
+  const int demoted = owner_of(0);
+  const int promoted = replica_of(replicas_, demoted);
+  {
+    Connection conn(tcp(promoted));
+    conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
+  }
+  std::vector<int> every_node = primaries_;
+  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
+  wait_until_every_node_says(every_node, 0, promoted, demoted);
+  client.refresh_topology();
+
+  Connection promoted_conn(tcp(promoted));
+  Connection demoted_conn(tcp(demoted));
+  const uint64_t promoted_before = get_calls(promoted_conn);
+  const uint64_t demoted_before = get_calls(demoted_conn);
+  const uint64_t redirects_before = client.redirects();
+  got = client.get_values(keys, 8, 5s);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  GetRouter router(client);
+  std::vector<uint64_t> tags(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) tags[i] = i;
+  router.send(keys, tags);
+  while (router.outstanding() > 0) {
+    GetRouter::Received r = router.receive();
+    EXPECT_EQ(text(r.reply), value_of(keys[r.tag]));
+  }
+  EXPECT_EQ(client.redirects(), redirects_before) << "reads redirected after the failover";
+  EXPECT_EQ(get_calls(promoted_conn), promoted_before)
+      << "the promoted node served GETs meant for replicas";
+  EXPECT_GT(get_calls(demoted_conn), demoted_before) << "the demoted node served no reads";
+}
+
+// A shard whose primary died and is not replaced (its replica may not fail over): the local
+// cluster's nodes are configured so that its replica still serves reads and the other shards
+// still serve everything, one try each (before, every node answered CLUSTERDOWN once the dead
+// primary was marked failed, until a promotion: seconds without a read).
+TEST_F(ClusterTest, AShardWithoutAPrimaryLeavesReplicaReadsAndTheOtherShardsServing) {
+  spoil();  // a primary killed, timeouts shortened
+  std::vector<int> every_node = primaries_;
+  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
+  for (const int port : every_node) {
+    Connection conn(tcp(port));
+    conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"}).expect_ok("CONFIG SET");
+  }
+  const std::vector<std::string> keys = keys_over_slots(300);
+  {
+    Client writer({tcp(primaries_[0])});
+    write_keys(writer, keys);
+  }
+  wait_until_replicas_listed();
+  const int victim = owner_of(0);
+  const int survivor = victim == primaries_[0] ? primaries_[1] : primaries_[0];
+  const ClientOptions one_try{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
+                              .retry_budget = 0ms};
+  ClientOptions replica_one_try = one_try;
+  replica_one_try.read_from = ReadFrom::kReplica;
+  Client from_replicas({tcp(survivor)}, replica_one_try);
+  Client from_primaries({tcp(survivor)}, one_try);
+  from_replicas.refresh_topology();
+  from_primaries.refresh_topology();
+  std::vector<std::string> elsewhere;  // keys the victim does not serve
+  for (const std::string& key : keys) {
+    if (from_primaries.primary_address(key) != "127.0.0.1:" + std::to_string(victim)) {
+      elsewhere.push_back(key);
+    }
+  }
+  ASSERT_FALSE(elsewhere.empty());
+  {
+    Connection conn(tcp(replica_of(replicas_, victim)));
+    conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
+  }
+  try {
+    Connection conn(tcp(victim));
+    conn.command({"SHUTDOWN", "NOSAVE"});
+  } catch (const ConnectionError&) {  // the server closes the connection as it goes
+  }
+  // Until the survivor marks it failed (the state in which reads stopped before).
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    Connection conn(tcp(survivor));
+    const std::string nodes(conn.command({"CLUSTER", "NODES"}).str());
+    const size_t at = nodes.find("127.0.0.1:" + std::to_string(victim) + "@");
+    ASSERT_NE(at, std::string::npos);
+    const std::string line = nodes.substr(at, nodes.find('\n', at) - at);
+    if (line.find(",fail") != std::string::npos && line.find("fail?") == std::string::npos) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "never marked failed: " << line;
+    std::this_thread::sleep_for(50ms);
+  }
+  std::vector<ValueReply> got = from_replicas.get_values(keys, 8, 0ms);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  got = from_primaries.get_values(elsewhere, 8, 0ms);
+  for (size_t i = 0; i < elsewhere.size(); ++i) EXPECT_EQ(text(got[i]), value_of(elsewhere[i]));
+}
+
 }  // namespace
 }  // namespace dsfs::store
