@@ -31,6 +31,12 @@ constexpr int kMaxRedirects = 16;
 constexpr std::chrono::milliseconds kRefreshInterval{200};
 // Reads reload a map older than this.
 constexpr std::chrono::milliseconds kStaleTopology{10000};
+// ... or this, while the map lists fewer replicas than it did (a failover took one away, or a
+// node restarts), when reads may go to replicas: a shard read from its primary for want of a
+// listed replica stalls if that primary fails too. For at most kReplicaWait; after that the
+// smaller set is taken as the cluster's shape.
+constexpr std::chrono::milliseconds kStaleTopologyMissingReplica{1000};
+constexpr std::chrono::milliseconds kReplicaWait{60000};
 
 bool iequals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0;
@@ -313,15 +319,30 @@ void Client::load_topology(Connection& conn, std::string_view asked_host) {
     named.resize(std::max(named.size(), range.primary + 1));
     named[range.primary] = true;
   }
+  size_t listed_replicas = 0;
+  for (const Topology::Range& range : topology->ranges) listed_replicas += range.replicas.size();
   std::vector<ConnectionPool*> unnamed;
   {
     std::lock_guard lock(mutex_);
     topology_ = std::move(topology);
+    if (options_.read_from != ReadFrom::kPrimary) {
+      const int64_t now = now_ms();
+      const int64_t since = replica_missing_since_ms_.load(std::memory_order_relaxed);
+      if (listed_replicas >= most_replicas_listed_ ||
+          (since != 0 && now - since >= kReplicaWait.count())) {
+        most_replicas_listed_ = listed_replicas;
+        replica_missing_since_ms_.store(0, std::memory_order_relaxed);
+      } else if (since == 0) {
+        replica_missing_since_ms_.store(now, std::memory_order_relaxed);
+      }
+    }
     for (size_t i = 0; i < nodes_.size(); ++i) {
       if (i >= named.size() || !named[i]) unnamed.push_back(nodes_[i]->pool.get());
     }
   }
   for (ConnectionPool* pool : unnamed) pool->close_idle();
+  spdlog::debug("cluster map from {}: {} slot range(s), {} replica(s) listed",
+                conn.endpoint().describe(), map.ranges().size(), listed_replicas);
   // Counted last: a GetRouter that sees the count change finds the new map in place.
   refreshes_.fetch_add(1, std::memory_order_relaxed);
   last_refresh_ms_.store(now_ms(), std::memory_order_relaxed);
@@ -360,7 +381,10 @@ void Client::refresh_if_stale() {
   if (!cluster_) return;
   int64_t last = last_refresh_ms_.load(std::memory_order_relaxed);
   const int64_t now = now_ms();
-  if (now - last < kStaleTopology.count()) return;
+  const bool replica_missing = replica_missing_since_ms_.load(std::memory_order_relaxed) != 0;
+  if (now - last < (replica_missing ? kStaleTopologyMissingReplica : kStaleTopology).count()) {
+    return;
+  }
   if (!last_refresh_ms_.compare_exchange_strong(last, now)) return;  // another caller does it
   try {
     refresh_topology();
@@ -660,7 +684,14 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
   std::vector<size_t> pending(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
   Backoff backoff(retry_budget);
-  bool avoid_replicas = false;  // after a replica failed: ask the primaries
+  // Nodes (in a role) that did not answer during this call: a key is asked of its copy the map
+  // names unless that one failed, then of its primary unless that failed too. Per node, not
+  // "every replica": a map loaded meanwhile may name a new copy (a replica a failover left
+  // serving while its primary, the node that failed, waits to be replaced).
+  std::vector<size_t> failed_nodes;
+  const auto failed = [&](size_t node) {
+    return std::find(failed_nodes.begin(), failed_nodes.end(), node) != failed_nodes.end();
+  };
   std::string last_error;
   std::vector<size_t> from_primary;  // a replica's nil, a redirection: asked alone
   std::vector<size_t> retry;
@@ -673,7 +704,7 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
       got = lease->get_values(group, window);
     } catch (const ConnectionError& e) {
       last_error = e.what();
-      if (node(target).replica) avoid_replicas = true;
+      if (!failed(target)) failed_nodes.push_back(target);
       retry.insert(retry.end(), indices.begin(), indices.end());
       return;
     }
@@ -721,7 +752,7 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
             fmt::format("Redis at {}: no node serves slot {} now", describe(), key_slot(keys[i]));
         continue;
       }
-      targets[k] = avoid_replicas ? route.primary : route.node;
+      targets[k] = !failed(route.node) || failed(route.primary) ? route.node : route.primary;
       if (only == kNoNode) only = targets[k];
       one_node = one_node && targets[k] == only;
     }

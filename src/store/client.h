@@ -171,7 +171,8 @@ class Client {
   void refresh_topology();
   // refresh_topology() when the map is older than 10 s (one caller does it; errors ignored):
   // replicas that joined (Redis lists a replica only once it has replicated something),
-  // slots that moved without anyone being redirected yet.
+  // slots that moved without anyone being redirected yet. Older than 1 s while it lists fewer
+  // replicas than it did and reads may go to replicas (for at most a minute).
   void refresh_if_stale();
 
  private:
@@ -204,6 +205,10 @@ class Client {
   std::atomic<uint64_t> refreshes_{0};
   std::atomic<uint64_t> replica_turn_{0};
   std::atomic<int64_t> last_refresh_ms_{0};
+  // The most replicas a map listed (mutex_), and since when the current one lists fewer (0:
+  // it does not): refresh_if_stale() then reloads it sooner.
+  size_t most_replicas_listed_ = 0;
+  std::atomic<int64_t> replica_missing_since_ms_{0};
 };
 
 // Commands on one thread's own connections, one per node, replies read in the order sent: for

@@ -689,5 +689,100 @@ TEST_F(ClusterTest, AShardWithoutAPrimaryLeavesReplicaReadsAndTheOtherShardsServ
   for (size_t i = 0; i < elsewhere.size(); ++i) EXPECT_EQ(text(got[i]), value_of(elsewhere[i]));
 }
 
+// A replica that fails leaves its shard to be read from the primary; until it is listed again
+// a client reading from replicas reloads the map every second, not every ten, so a replica back
+// is used again soon (and a second failure, of that primary, does not stall reads until a
+// promotion: seen in bench/cluster_soak.py).
+TEST_F(ClusterTest, AMapMissingAReplicaIsReloadedEverySecond) {
+  spoil();  // a replica killed, timeouts shortened
+  std::vector<int> every_node = primaries_;
+  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
+  for (const int port : every_node) {
+    Connection conn(tcp(port));
+    conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"}).expect_ok("CONFIG SET");
+  }
+  const std::vector<std::string> keys = keys_over_slots(30);
+  {
+    Client writer({tcp(primaries_[0])});
+    write_keys(writer, keys);
+  }
+  wait_until_replicas_listed();
+  Client client({tcp(primaries_[0])}, ClientOptions{.read_from = ReadFrom::kReplica});
+  client.refresh_topology();
+  const int victim = replicas_[0];
+  try {
+    Connection conn(tcp(victim));
+    conn.command({"SHUTDOWN", "NOSAVE"});
+  } catch (const ConnectionError&) {  // the server closes the connection as it goes
+  }
+  // Until the map a client loads lists one replica fewer (the victim marked failed).
+  const auto listed = [&] {
+    size_t replicas = 0;
+    for (const NodeReport& node : client.nodes()) replicas += node.primary ? 0 : 1;
+    return replicas;
+  };
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    client.refresh_topology();
+    if (listed() == 2) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the dead replica stayed listed";
+    std::this_thread::sleep_for(100ms);
+  }
+  // Reads alone reload it now: two reloads within 5 s (every 10 s before).
+  const uint64_t refreshes = client.topology_refreshes();
+  deadline = std::chrono::steady_clock::now() + 5s;
+  while (client.topology_refreshes() < refreshes + 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "reads reloaded the map " << client.topology_refreshes() - refreshes
+        << " time(s) in 5 s while it listed a replica fewer";
+    std::vector<ValueReply> got = client.get_values(keys, 8, 5s);
+    for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+// A client whose map is behind a failover (it still takes the promoted node for a replica)
+// reads from it; that node then dies. Its replica (the demoted one, not allowed to fail over
+// here) still serves reads: the retry goes there, after one to the dead node as the primary the
+// reloaded map names. Before, a replica that failed sent every retry of the call to the
+// primaries, and the dead primary was asked until the budget ran out.
+TEST_F(ClusterTest, AReadWhoseReplicaDiesIsAskedOfTheCopyTheNewMapNames) {
+  spoil();  // roles swapped, a node killed
+  const std::vector<std::string> keys = keys_over_slots(300);
+  {
+    Client writer({tcp(primaries_[0])});
+    write_keys(writer, keys);
+  }
+  wait_until_replicas_listed();
+  const int demoted = owner_of(0);
+  const int promoted = replica_of(replicas_, demoted);
+  const int seed = demoted == primaries_[0] ? primaries_[1] : primaries_[0];
+  Client client({tcp(seed)},
+                ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
+                              .read_from = ReadFrom::kReplica});
+  std::vector<ValueReply> got = client.get_values(keys, 8, 5s);  // the map before the failover
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
+  {
+    Connection conn(tcp(promoted));
+    conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
+  }
+  std::vector<int> every_node = primaries_;
+  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
+  wait_until_every_node_says(every_node, 0, promoted, demoted);
+  {
+    Connection conn(tcp(demoted));
+    conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
+  }
+  try {
+    Connection conn(tcp(promoted));
+    conn.command({"SHUTDOWN", "NOSAVE"});
+  } catch (const ConnectionError&) {  // the server closes the connection as it goes
+  }
+  uint64_t retries = 0;
+  got = client.get_values(keys, 8, 10s, &retries);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+  EXPECT_LE(retries, 3u);
+}
+
 }  // namespace
 }  // namespace dsfs::store
