@@ -279,6 +279,28 @@ class ClusterTest : public ::testing::Test {
     return std::string(conn.command({"CLUSTER", "MYID"}).str());
   }
 
+  std::vector<int> every_node() const {
+    std::vector<int> all = primaries_;
+    all.insert(all.end(), replicas_.begin(), replicas_.end());
+    return all;
+  }
+
+  // A 1 s node timeout on every node: a dead node is marked failed within seconds.
+  void shorten_node_timeouts() {
+    for (const int port : every_node()) {
+      Connection conn(tcp(port));
+      conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"}).expect_ok("CONFIG SET");
+    }
+  }
+
+  static void shut_down(int port) {
+    try {
+      Connection conn(tcp(port));
+      conn.command({"SHUTDOWN", "NOSAVE"});
+    } catch (const ConnectionError&) {  // the server closes the connection as it goes
+    }
+  }
+
   static inline std::unique_ptr<SharedCluster> shared_;
   std::vector<int> primaries_;
   std::vector<int> replicas_;
@@ -522,11 +544,7 @@ TEST_F(ClusterTest, APrimaryThatDiesIsReplacedAndReadsGoOn) {
   from_replicas.refresh_topology();
   // Kill the primary of the slots from 0 (not the seed of from_replicas).
   const int victim = owner_of(0);
-  try {
-    Connection conn(tcp(victim));
-    conn.command({"SHUTDOWN", "NOSAVE"});
-  } catch (const ConnectionError&) {  // the server closes the connection as it goes
-  }
+  shut_down(victim);
   // With replica reads, nothing fails even before the failover (budget 0: one try).
   std::vector<ValueReply> got = from_replicas.get_values(keys, 8, 0ms);
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
@@ -601,9 +619,7 @@ TEST_F(ClusterTest, RolesSwappedByAFailoverAreFollowedByReplicaReads) {
     Connection conn(tcp(promoted));
     conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
   }
-  std::vector<int> every_node = primaries_;
-  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
-  wait_until_every_node_says(every_node, 0, promoted, demoted);
+  wait_until_every_node_says(every_node(), 0, promoted, demoted);
   client.refresh_topology();
 
   Connection promoted_conn(tcp(promoted));
@@ -633,12 +649,7 @@ TEST_F(ClusterTest, RolesSwappedByAFailoverAreFollowedByReplicaReads) {
 // primary was marked failed, until a promotion: seconds without a read).
 TEST_F(ClusterTest, AShardWithoutAPrimaryLeavesReplicaReadsAndTheOtherShardsServing) {
   spoil();  // a primary killed, timeouts shortened
-  std::vector<int> every_node = primaries_;
-  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
-  for (const int port : every_node) {
-    Connection conn(tcp(port));
-    conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"}).expect_ok("CONFIG SET");
-  }
+  shorten_node_timeouts();
   const std::vector<std::string> keys = keys_over_slots(300);
   {
     Client writer({tcp(primaries_[0])});
@@ -666,11 +677,7 @@ TEST_F(ClusterTest, AShardWithoutAPrimaryLeavesReplicaReadsAndTheOtherShardsServ
     Connection conn(tcp(replica_of(replicas_, victim)));
     conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
   }
-  try {
-    Connection conn(tcp(victim));
-    conn.command({"SHUTDOWN", "NOSAVE"});
-  } catch (const ConnectionError&) {  // the server closes the connection as it goes
-  }
+  shut_down(victim);
   // Until the survivor marks it failed (the state in which reads stopped before).
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   for (;;) {
@@ -695,12 +702,7 @@ TEST_F(ClusterTest, AShardWithoutAPrimaryLeavesReplicaReadsAndTheOtherShardsServ
 // promotion: seen in bench/cluster_soak.py).
 TEST_F(ClusterTest, AMapMissingAReplicaIsReloadedEverySecond) {
   spoil();  // a replica killed, timeouts shortened
-  std::vector<int> every_node = primaries_;
-  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
-  for (const int port : every_node) {
-    Connection conn(tcp(port));
-    conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"}).expect_ok("CONFIG SET");
-  }
+  shorten_node_timeouts();
   const std::vector<std::string> keys = keys_over_slots(30);
   {
     Client writer({tcp(primaries_[0])});
@@ -710,11 +712,7 @@ TEST_F(ClusterTest, AMapMissingAReplicaIsReloadedEverySecond) {
   Client client({tcp(primaries_[0])}, ClientOptions{.read_from = ReadFrom::kReplica});
   client.refresh_topology();
   const int victim = replicas_[0];
-  try {
-    Connection conn(tcp(victim));
-    conn.command({"SHUTDOWN", "NOSAVE"});
-  } catch (const ConnectionError&) {  // the server closes the connection as it goes
-  }
+  shut_down(victim);
   // Until the map a client loads lists one replica fewer (the victim marked failed).
   const auto listed = [&] {
     size_t replicas = 0;
@@ -766,18 +764,12 @@ TEST_F(ClusterTest, AReadWhoseReplicaDiesIsAskedOfTheCopyTheNewMapNames) {
     Connection conn(tcp(promoted));
     conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
   }
-  std::vector<int> every_node = primaries_;
-  every_node.insert(every_node.end(), replicas_.begin(), replicas_.end());
-  wait_until_every_node_says(every_node, 0, promoted, demoted);
+  wait_until_every_node_says(every_node(), 0, promoted, demoted);
   {
     Connection conn(tcp(demoted));
     conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
   }
-  try {
-    Connection conn(tcp(promoted));
-    conn.command({"SHUTDOWN", "NOSAVE"});
-  } catch (const ConnectionError&) {  // the server closes the connection as it goes
-  }
+  shut_down(promoted);
   uint64_t retries = 0;
   got = client.get_values(keys, 8, 10s, &retries);
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
