@@ -309,21 +309,19 @@ void Client::load_topology(Connection& conn, std::string_view asked_host) {
     throw ConnectionError(
         fmt::format("the cluster at {} serves no slot yet", conn.endpoint().describe()));
   }
-  // Nodes (in a role) the new map does not name: their idle connections are closed.
-  std::vector<bool> named;
-  for (const Topology::Range& range : topology->ranges) {
-    for (const size_t index : range.replicas) {
-      named.resize(std::max(named.size(), index + 1));
-      named[index] = true;
-    }
-    named.resize(std::max(named.size(), range.primary + 1));
-    named[range.primary] = true;
-  }
   size_t listed_replicas = 0;
-  for (const Topology::Range& range : topology->ranges) listed_replicas += range.replicas.size();
-  std::vector<ConnectionPool*> unnamed;
+  std::vector<ConnectionPool*> unnamed;  // nodes (in a role) the new map does not name
   {
     std::lock_guard lock(mutex_);
+    std::vector<bool> named(nodes_.size());  // every index in the map is below it
+    for (const Topology::Range& range : topology->ranges) {
+      named[range.primary] = true;
+      for (const size_t index : range.replicas) named[index] = true;
+      listed_replicas += range.replicas.size();
+    }
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (!named[i]) unnamed.push_back(nodes_[i]->pool.get());
+    }
     topology_ = std::move(topology);
     if (options_.read_from != ReadFrom::kPrimary) {
       const int64_t now = now_ms();
@@ -336,10 +334,8 @@ void Client::load_topology(Connection& conn, std::string_view asked_host) {
         replica_missing_since_ms_.store(now, std::memory_order_relaxed);
       }
     }
-    for (size_t i = 0; i < nodes_.size(); ++i) {
-      if (i >= named.size() || !named[i]) unnamed.push_back(nodes_[i]->pool.get());
-    }
   }
+  // Their idle connections would stay open for nothing.
   for (ConnectionPool* pool : unnamed) pool->close_idle();
   spdlog::debug("cluster map from {}: {} slot range(s), {} replica(s) listed",
                 conn.endpoint().describe(), map.ranges().size(), listed_replicas);

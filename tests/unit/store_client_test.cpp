@@ -245,6 +245,15 @@ class ClusterTest : public ::testing::Test {
     }
   }
 
+  // write_keys() through a client of its own, then wait_until_replicas_listed().
+  void write_keys_listed(const std::vector<std::string>& keys) {
+    {
+      Client writer({tcp(primaries_[0])});
+      write_keys(writer, keys);
+    }
+    wait_until_replicas_listed();
+  }
+
   // Redis lists a replica in CLUSTER SLOTS only once it has replicated something: waits
   // (bounded) until every range names one, as a client started later would see them.
   void wait_until_replicas_listed() {
@@ -373,11 +382,7 @@ TEST_F(ClusterTest, RoutedPipelineAndGetRouterReachEveryNode) {
 // are exactly the copies --read-from allows, and a router's connect() opens a connection there.
 TEST_F(ClusterTest, ReadNodesAreTheCopiesReadsGoToAndARouterConnectsToThemAhead) {
   const std::vector<std::string> keys = keys_over_slots(200);
-  {
-    Client writer({tcp(primaries_[0])});
-    write_keys(writer, keys);
-  }
-  wait_until_replicas_listed();
+  write_keys_listed(keys);
   const auto named = [](const std::vector<int>& ports) {
     std::set<std::string> out;
     for (const int port : ports) out.insert("127.0.0.1:" + std::to_string(port));
@@ -605,11 +610,7 @@ void wait_until_every_node_says(const std::vector<int>& nodes, uint32_t slot, in
 TEST_F(ClusterTest, RolesSwappedByAFailoverAreFollowedByReplicaReads) {
   spoil();  // roles swapped
   const std::vector<std::string> keys = keys_over_slots(300);
-  {
-    Client writer({tcp(primaries_[0])});
-    write_keys(writer, keys);
-  }
-  wait_until_replicas_listed();
+  write_keys_listed(keys);
   Client client({tcp(primaries_[0])}, ClientOptions{.read_from = ReadFrom::kReplica});
   std::vector<ValueReply> got = client.get_values(keys, 8, 5s);  // every node known, in its role
   for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
@@ -651,11 +652,7 @@ TEST_F(ClusterTest, AShardWithoutAPrimaryLeavesReplicaReadsAndTheOtherShardsServ
   spoil();  // a primary killed, timeouts shortened
   shorten_node_timeouts();
   const std::vector<std::string> keys = keys_over_slots(300);
-  {
-    Client writer({tcp(primaries_[0])});
-    write_keys(writer, keys);
-  }
-  wait_until_replicas_listed();
+  write_keys_listed(keys);
   const int victim = owner_of(0);
   const int survivor = victim == primaries_[0] ? primaries_[1] : primaries_[0];
   const ClientOptions one_try{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
@@ -704,11 +701,7 @@ TEST_F(ClusterTest, AMapMissingAReplicaIsReloadedEverySecond) {
   spoil();  // a replica killed, timeouts shortened
   shorten_node_timeouts();
   const std::vector<std::string> keys = keys_over_slots(30);
-  {
-    Client writer({tcp(primaries_[0])});
-    write_keys(writer, keys);
-  }
-  wait_until_replicas_listed();
+  write_keys_listed(keys);
   Client client({tcp(primaries_[0])}, ClientOptions{.read_from = ReadFrom::kReplica});
   client.refresh_topology();
   const int victim = replicas_[0];
@@ -747,11 +740,7 @@ TEST_F(ClusterTest, AMapMissingAReplicaIsReloadedEverySecond) {
 TEST_F(ClusterTest, AReadWhoseReplicaDiesIsAskedOfTheCopyTheNewMapNames) {
   spoil();  // roles swapped, a node killed
   const std::vector<std::string> keys = keys_over_slots(300);
-  {
-    Client writer({tcp(primaries_[0])});
-    write_keys(writer, keys);
-  }
-  wait_until_replicas_listed();
+  write_keys_listed(keys);
   const int demoted = owner_of(0);
   const int promoted = replica_of(replicas_, demoted);
   const int seed = demoted == primaries_[0] ? primaries_[1] : primaries_[0];
