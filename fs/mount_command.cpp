@@ -647,8 +647,10 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
                    "(spread over the replicas; primaries keep serving writes and metadata), or "
                    "any (primaries and replicas in turn). Objects never change once published, "
                    "so every copy is right; a replica that has not yet received a new object "
-                   "answers nil and the read asks the primary. Replica reads also go on while a "
-                   "primary is down. No effect on a single server")
+                   "answers nil and the read asks the primary. Whichever is chosen, a copy that "
+                   "does not answer is passed over for its shard's others while it is down, so "
+                   "a dead primary does not stall reads until its replica is promoted. No "
+                   "effect on a single server")
       ->check(CLI::IsMember({"primary", "replica", "any"}))
       ->capture_default_str();
   mount

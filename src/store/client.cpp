@@ -37,6 +37,10 @@ constexpr std::chrono::milliseconds kStaleTopology{10000};
 // smaller set is taken as the cluster's shape.
 constexpr std::chrono::milliseconds kStaleTopologyMissingReplica{1000};
 constexpr std::chrono::milliseconds kReplicaWait{60000};
+// A node that failed a caller is passed over for reads this long (Client::mark_down): long
+// enough that readers do not each pay a failed connect per read while a primary waits for its
+// promotion (seconds), short enough that a node back is read again soon.
+constexpr std::chrono::milliseconds kNodeDownFor{1000};
 
 bool iequals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0;
@@ -136,7 +140,9 @@ struct Client::Topology {
 };
 
 Client::Client(std::vector<RedisEndpoint> seeds, ClientOptions options)
-    : seeds_(std::move(seeds)), options_(options) {
+    : seeds_(std::move(seeds)),
+      options_(options),
+      down_until_ms_(std::make_unique<std::atomic<int64_t>[]>(kMaxNodes)) {
   if (seeds_.empty()) throw std::invalid_argument("no Redis server named (an empty seed list)");
   nodes_.reserve(kMaxNodes);
 }
@@ -345,23 +351,49 @@ void Client::load_topology(Connection& conn, std::string_view asked_host) {
 }
 
 void Client::refresh_topology() {
+  reload_topology(false);
+}
+
+bool Client::loaded_recently() const {
+  return now_ms() - last_refresh_ms_.load(std::memory_order_relaxed) < kRefreshInterval.count();
+}
+
+void Client::reload_topology(bool unless_recent) {
   topology();  // found first, if it was not yet
   if (!cluster_) return;
-  // Every node known, primaries first, then the seeds: any one that answers will do.
+  const uint64_t begun_before = reloads_begun_.load();
+  std::lock_guard reloading(refresh_mutex_);
+  // Checked after waiting, so readers that stalled together load the map once.
+  if (unless_recent && loaded_recently()) return;
+  if (reloads_begun_.load() != begun_before) {
+    // One began after this call did and has ended: its map is as new as this one's would be.
+    if (!last_reload_error_.empty()) throw ConnectionError(last_reload_error_);
+    return;
+  }
+  reloads_begun_.fetch_add(1);
+  // Every node known, primaries first, then the seeds: any one that answers will do. Nodes
+  // marked down go last (a host that is gone can take a whole connect timeout to fail).
   std::vector<RedisEndpoint> candidates;
+  std::vector<RedisEndpoint> marked_down;
   {
     const auto current = topology();
+    const int64_t now = now_ms();
     std::lock_guard lock(mutex_);
-    for (const size_t p : current->primaries) candidates.push_back(nodes_[p]->endpoint);
-    for (const auto& n : nodes_) candidates.push_back(n->endpoint);
+    const auto add = [&](size_t index) {
+      (down(index, now) ? marked_down : candidates).push_back(nodes_[index]->endpoint);
+    };
+    for (const size_t p : current->primaries) add(p);
+    for (size_t i = 0; i < nodes_.size(); ++i) add(i);
   }
   candidates.insert(candidates.end(), seeds_.begin(), seeds_.end());
+  candidates.insert(candidates.end(), marked_down.begin(), marked_down.end());
   std::string last_error = "no node known";
   for (const RedisEndpoint& endpoint : candidates) {
     try {
       Connection conn(endpoint, options_.connect);
       load_topology(
           conn, endpoint.transport == RedisEndpoint::Transport::kTcp ? endpoint.host : "127.0.0.1");
+      last_reload_error_.clear();
       return;
     } catch (const ConnectionError& e) {
       last_error = e.what();
@@ -369,8 +401,34 @@ void Client::refresh_topology() {
       last_error = e.what();
     }
   }
-  throw ConnectionError(
-      fmt::format("no node of the cluster at {} answers: {}", describe(), last_error));
+  last_reload_error_ =
+      fmt::format("no node of the cluster at {} answers: {}", describe(), last_error);
+  throw ConnectionError(last_reload_error_);
+}
+
+void Client::refresh_topology_in_retry() {
+  if (!cluster_ || loaded_recently()) return;
+  try {
+    reload_topology(true);
+  } catch (const ConnectionError& e) {
+    spdlog::debug("{}", e.what());
+  }
+}
+
+bool Client::down(size_t index, int64_t now) const {
+  return down_until_ms_[index].load(std::memory_order_relaxed) > now;
+}
+
+void Client::mark_down(size_t index) {
+  if (index >= kMaxNodes) return;
+  down_until_ms_[index].store(now_ms() + kNodeDownFor.count(), std::memory_order_relaxed);
+}
+
+void Client::mark_up(size_t index) {
+  // Read first: every reply clears it, and most find nothing to clear (no shared write).
+  if (index < kMaxNodes && down_until_ms_[index].load(std::memory_order_relaxed) != 0) {
+    down_until_ms_[index].store(0, std::memory_order_relaxed);
+  }
 }
 
 void Client::refresh_if_stale() {
@@ -418,17 +476,45 @@ Client::Route Client::route_read_known(std::string_view key) {
 }
 
 Client::Route Client::route_read(std::string_view key) {
+  return route_read_avoiding(key, {});
+}
+
+Client::Route Client::route_read_avoiding(std::string_view key, std::span<const size_t> failed) {
   const auto current = topology();
   const Topology::Range* range = current->range_of(key_slot(key));
   if (!range) return {};
   Route route{range->primary, range->primary};
   const size_t copies = range->replicas.size();
-  if (copies == 0 || options_.read_from == ReadFrom::kPrimary) return route;
+  if (copies == 0) return route;
+  const int64_t now = now_ms();
+  const auto usable = [&](size_t index) {
+    return !down(index, now) && std::find(failed.begin(), failed.end(), index) == failed.end();
+  };
+  // The copies in the order tried: k < copies is a replica, k == copies the primary.
+  const auto copy = [&](size_t k) { return k < copies ? range->replicas[k] : range->primary; };
+  if (options_.read_from == ReadFrom::kPrimary) {
+    if (usable(range->primary)) return route;
+    // Its replicas, in turn (the primary's readers spread over them), while it is down.
+    const uint64_t turn = replica_turn_.fetch_add(1, std::memory_order_relaxed);
+    for (size_t k = 0; k < copies; ++k) {
+      if (usable(copy((turn + k) % copies))) {
+        route.node = copy((turn + k) % copies);
+        break;
+      }
+    }
+    return route;
+  }
   const uint64_t turn = replica_turn_.fetch_add(1, std::memory_order_relaxed);
-  if (options_.read_from == ReadFrom::kReplica) {
-    route.node = range->replicas[turn % copies];
-  } else if (const uint64_t pick = turn % (copies + 1); pick < copies) {
-    route.node = range->replicas[pick];
+  // kReplica: the replicas in turn, then the primary; kAny: every copy in turn.
+  const size_t cycle = options_.read_from == ReadFrom::kReplica ? copies : copies + 1;
+  const size_t first = turn % cycle;
+  route.node = copy(first);
+  for (size_t k = 0; k <= copies; ++k) {
+    const size_t candidate = k < cycle ? copy((first + k) % cycle) : range->primary;
+    if (usable(candidate)) {
+      route.node = candidate;
+      break;
+    }
   }
   return route;
 }
@@ -499,11 +585,7 @@ Reply Client::run(std::span<const std::string_view> argv, std::string_view key,
     moved_node = kNoNode;
     if (target == kNoNode) {
       last_error = fmt::format("no node serves slot {} now", slot);
-      try {
-        refresh_topology();
-      } catch (const ConnectionError& e) {
-        last_error = e.what();
-      }
+      refresh_topology_in_retry();
       if (!backoff.wait()) break;
       continue;
     }
@@ -520,16 +602,12 @@ Reply Client::run(std::span<const std::string_view> argv, std::string_view key,
       }
     } catch (const ConnectionError& e) {
       last_error = e.what();
-      if (cluster_) {
-        try {
-          refresh_topology();
-        } catch (const ConnectionError& refresh_error) {
-          spdlog::debug("{}", refresh_error.what());
-        }
-      }
+      mark_down(target);
+      refresh_topology_in_retry();
       if (!backoff.wait()) break;
       continue;
     }
+    mark_up(target);
     if (!reply.is_error()) return reply;
     const std::string_view message = reply.str();
     if (const std::optional<Redirect> redirect = parse_redirect(message)) {
@@ -557,12 +635,7 @@ Reply Client::run(std::span<const std::string_view> argv, std::string_view key,
     }
     if (is_transient_reply(message)) {
       last_error = fmt::format("Redis at {} is not ready: {}", describe_node(target), message);
-      if (message.starts_with("CLUSTERDOWN")) {
-        try {
-          refresh_topology();
-        } catch (const ConnectionError&) {
-        }
-      }
+      if (message.starts_with("CLUSTERDOWN")) refresh_topology_in_retry();
       if (!backoff.wait()) break;
       continue;
     }
@@ -597,12 +670,7 @@ void Client::for_each_primary(const std::function<void(Connection&)>& fn) {
     } catch (const ConnectionError& e) {
       if (backoff.expired()) throw;
       spdlog::debug("{}; trying every primary again", e.what());
-      if (cluster_) {
-        try {
-          refresh_topology();
-        } catch (const ConnectionError&) {
-        }
-      }
+      refresh_topology_in_retry();
       if (!backoff.wait()) throw;
     }
   }
@@ -680,13 +748,16 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
   std::vector<size_t> pending(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
   Backoff backoff(retry_budget);
-  // Nodes (in a role) that did not answer during this call: a key is asked of its copy the map
-  // names unless that one failed, then of its primary unless that failed too. Per node, not
-  // "every replica": a map loaded meanwhile may name a new copy (a replica a failover left
-  // serving while its primary, the node that failed, waits to be replaced).
+  // Nodes (in a role) that did not answer, or answered "not now", during this call: a key is
+  // asked of another copy of its shard while one has not failed (route_read_avoiding). Per
+  // node, not "every replica": a map loaded meanwhile may name a new copy (a replica a
+  // failover left serving while its primary, the node that failed, waits to be replaced).
   std::vector<size_t> failed_nodes;
   const auto failed = [&](size_t node) {
     return std::find(failed_nodes.begin(), failed_nodes.end(), node) != failed_nodes.end();
+  };
+  const auto add_failed = [&](size_t node) {
+    if (!failed(node)) failed_nodes.push_back(node);
   };
   std::string last_error;
   std::vector<size_t> from_primary;  // a replica's nil, a redirection: asked alone
@@ -700,10 +771,12 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
       got = lease->get_values(group, window);
     } catch (const ConnectionError& e) {
       last_error = e.what();
-      if (!failed(target)) failed_nodes.push_back(target);
+      add_failed(target);
+      mark_down(target);
       retry.insert(retry.end(), indices.begin(), indices.end());
       return;
     }
+    mark_up(target);
     const bool replica = node(target).replica;
     for (size_t k = 0; k < indices.size(); ++k) {
       ValueReply& reply = got[k];
@@ -711,6 +784,7 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
       if (reply.kind == ValueReply::Kind::kError && is_transient_reply(reply.error)) {
         last_error =
             fmt::format("Redis at {} is not ready: {}", describe_node(target), reply.error);
+        add_failed(target);  // another copy may be ready (a replica still loading its data)
         retry.push_back(i);
       } else if ((reply.kind == ValueReply::Kind::kError && parse_redirect(reply.error)) ||
                  (reply.kind == ValueReply::Kind::kNil && replica)) {
@@ -741,14 +815,14 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
     bool one_node = true;
     for (size_t k = 0; k < pending.size(); ++k) {
       const size_t i = pending[k];
-      const Route route = route_read(keys[i]);
+      const Route route = route_read_avoiding(keys[i], failed_nodes);
       if (route.node == kNoNode) {
         retry.push_back(i);
         last_error =
             fmt::format("Redis at {}: no node serves slot {} now", describe(), key_slot(keys[i]));
         continue;
       }
-      targets[k] = !failed(route.node) || failed(route.primary) ? route.node : route.primary;
+      targets[k] = route.node;
       if (only == kNoNode) only = targets[k];
       one_node = one_node && targets[k] == only;
     }
@@ -768,14 +842,14 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
     }
     for (const size_t i : from_primary) replies[i] = get_one(keys[i], retry_budget);
     if (retry.empty()) break;
-    if (cluster_) {
-      try {
-        refresh_topology();
-      } catch (const ConnectionError& e) {
-        last_error = e.what();
-      }
-    }
-    if (!backoff.wait()) throw ConnectionError(last_error);
+    refresh_topology_in_retry();
+    // Asked again at once when every key has a copy that has not failed it yet (each such
+    // round adds a failed node, so there are at most as many as copies); else after a wait.
+    const bool elsewhere = std::all_of(retry.begin(), retry.end(), [&](size_t i) {
+      const size_t to = route_read_avoiding(keys[i], failed_nodes).node;
+      return to != kNoNode && !failed(to);
+    });
+    if (!elsewhere && !backoff.wait()) throw ConnectionError(last_error);
     if (retries) ++*retries;
     std::sort(retry.begin(), retry.end());
     pending.swap(retry);  // retry is cleared at the top of the next round
@@ -917,7 +991,13 @@ GetRouter::NodeStream& GetRouter::stream(size_t node) {
   }
   auto created = std::make_unique<NodeStream>();
   created->node = node;
-  created->connection = client_.connect_node(node);
+  try {
+    created->connection = client_.connect_node(node);
+  } catch (const ConnectionError&) {
+    // Fetches routed from now on go to its shard's other copies.
+    if (!interrupted_) client_.mark_down(node);
+    throw;
+  }
   created->stream = std::make_unique<GetStream>(*created->connection);
   std::lock_guard lock(streams_mutex_);
   if (interrupted_) created->connection->interrupt();
@@ -970,7 +1050,12 @@ void GetRouter::send(std::span<const std::string> keys, std::span<const uint64_t
       // estimates ignore, instead of shortening it (12 ms measured through a 20 ms proxy under
       // CI's load when stamped after the write).
       const auto at = std::chrono::steady_clock::now();
-      s.stream->send(group);
+      try {
+        s.stream->send(group);
+      } catch (const ConnectionError&) {
+        if (!interrupted_) client_.mark_down(node);
+        throw;
+      }
       const std::vector<uint64_t>& group_tags = tags_by_node[node];
       for (size_t k = 0; k < group.size(); ++k) {
         s.sent.push_back(NodeStream::Sent{group_tags[k], std::move(group[k]), at});
@@ -1023,7 +1108,13 @@ GetRouter::Received GetRouter::receive() {
     }
     ++next_;
     if (interrupted_) throw ConnectionError("the GET router was interrupted");
-    ValueReply reply = ready->stream->receive();
+    ValueReply reply;
+    try {
+      reply = ready->stream->receive();
+    } catch (const ConnectionError&) {
+      if (!interrupted_) client_.mark_down(ready->node);
+      throw;
+    }
     NodeStream::Sent sent = std::move(ready->sent.front());
     ready->sent.pop_front();
     --outstanding_;

@@ -22,9 +22,10 @@
 
 namespace dsfs::store {
 
-// Which copies GETs of objects may read (`--read-from`). Objects are immutable once published,
-// so any copy is right; a replica that has not yet seen a key answers nil and the GET is asked
-// of the primary.
+// Which copies GETs of objects read (`--read-from`). Objects are immutable once published, so
+// any copy is right; a replica that has not yet seen a key answers nil and the GET is asked of
+// the primary. Whichever is chosen, a copy that does not answer is passed over for the others
+// of its shard while it stays down (a primary's replica serves reads until its promotion).
 enum class ReadFrom { kPrimary, kReplica, kAny };
 // "primary", "replica" or "any"; throws std::invalid_argument naming the value otherwise.
 ReadFrom parse_read_from(std::string_view text);
@@ -144,7 +145,8 @@ class Client {
   ValueReply get_one(const std::string& key, std::chrono::milliseconds retry_budget);
 
   // Where reads of `key` go: the node's index (stable for the client's life; nodes that leave
-  // keep theirs) and whether it is a replica. Used by GetRouter.
+  // keep theirs) and whether it is a replica. Used by GetRouter. A copy marked down (below) is
+  // passed over while another copy of the shard is not.
   static constexpr size_t kNoNode = ~size_t{0};
   struct Route {
     size_t node = kNoNode;     // kNoNode: no node serves the slot now
@@ -165,9 +167,15 @@ class Client {
   // nodes() names it.
   std::string address_of(size_t index) const;
   bool is_replica(size_t index) const;  // reached as a replica (its connections send READONLY)
+  // A connection to node `index` failed: reads pass it over for its shard's other copies for
+  // the next second (then one read tries it again). A reply from it clears the mark.
+  void mark_down(size_t index);
+  void mark_up(size_t index);
 
   // Reloads the slot map from any node that answers (a no-op for a single server). Throws
-  // ConnectionError when none does.
+  // ConnectionError when none does. One reload at a time: callers that arrive while one runs
+  // wait for it and then load their own, but one that began after them and ended serves them
+  // (its error, if it failed), so many readers stalled on one dead node load the map once.
   void refresh_topology();
   // refresh_topology() when the map is older than 10 s (one caller does it; errors ignored):
   // replicas that joined (Redis lists a replica only once it has replicated something),
@@ -192,6 +200,17 @@ class Client {
   void pipeline_views(std::span<const std::vector<std::string_view>> commands, size_t window,
                       const std::function<void(size_t, Reply&)>& on_reply);
   void patch_slot(uint32_t slot, size_t node);
+  // The retry loops' reload: refresh_topology() unless a map was loaded in the last 200 ms,
+  // before or after waiting for another reload (it is as new as one more would be while a node
+  // is down); errors logged, not thrown.
+  void refresh_topology_in_retry();
+  void reload_topology(bool unless_recent);
+  bool loaded_recently() const;
+  // route_read(), passing over `failed` (nodes that failed this caller) and nodes marked down
+  // while another copy of the shard is neither; when every copy is, the one route_read() would
+  // pick without them.
+  Route route_read_avoiding(std::string_view key, std::span<const size_t> failed);
+  bool down(size_t index, int64_t now_ms) const;
 
   std::vector<RedisEndpoint> seeds_;
   ClientOptions options_;
@@ -205,6 +224,15 @@ class Client {
   std::atomic<uint64_t> refreshes_{0};
   std::atomic<uint64_t> replica_turn_{0};
   std::atomic<int64_t> last_refresh_ms_{0};
+  // refresh_topology(): one at a time (refresh_mutex_); reloads_begun_ counts those begun, so a
+  // waiter knows whether one began after it; last_reload_error_ (refresh_mutex_) is the last
+  // one's failure ("" when it loaded a map).
+  std::mutex refresh_mutex_;
+  std::atomic<uint64_t> reloads_begun_{0};
+  std::string last_reload_error_;
+  // Per node index (sized kMaxNodes, never moves): until when (ms, steady clock) it is passed
+  // over for reads; 0 when it is not.
+  std::unique_ptr<std::atomic<int64_t>[]> down_until_ms_;
   // The most replicas a map listed (mutex_), and since when the current one lists fewer (0:
   // it does not): refresh_if_stale() then reloads it sooner.
   size_t most_replicas_listed_ = 0;
