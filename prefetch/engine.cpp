@@ -258,6 +258,12 @@ std::vector<PrefetchEngine::Fetch> PrefetchEngine::next_fetches(size_t outstandi
   std::vector<Fetch> out;
   std::lock_guard lock(mutex_);
   if (stopping_) return out;
+  // A map reloaded may name other copies (a failover, a node gone): the windows of nodes reads
+  // left stop counting once idle.
+  if (const uint64_t maps = client_.topology_refreshes(); maps != maps_seen_) {
+    maps_seen_ = maps;
+    windows_.retire_idle_except(client_.read_nodes_known());
+  }
   // Each worker keeps about its share of every window together, so that all connections carry
   // files of the same stretch of the order.
   const size_t fair_share = windows_.limit() / options_.connections + kFetchBatch;

@@ -248,7 +248,8 @@ class PrefetchEngine {
   std::condition_variable work_;
   std::unique_ptr<PredictionModel> model_;  // replaced whole by reshape()
   NodeWindows<Fetch> windows_;              // each node's window, and fetches held for a full one
-  uint64_t inflight_objects_ = 0;           // sent or held
+  uint64_t maps_seen_ = 0;         // client_.topology_refreshes() when windows_ last retired nodes
+  uint64_t inflight_objects_ = 0;  // sent or held
   uint64_t inflight_peak_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::optional<Proposal> held_;  // proposed, but the cache had no room yet

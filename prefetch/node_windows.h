@@ -139,6 +139,22 @@ class NodeWindows {
   // A fetch sent to `node` ended without a sample (failed, or staged from the disk tier).
   void on_ended(size_t node) { release(state(node)); }
 
+  // Forgets the windows of nodes not in `serving` (the copies reads go to now) that have
+  // nothing in flight or held: a node a failover demoted or removed would otherwise count in
+  // limit() and in every node's share for good. One used again starts from the floor.
+  void retire_idle_except(const std::vector<size_t>& serving) {
+    for (size_t node = 0; node < nodes_.size(); ++node) {
+      const std::unique_ptr<State>& n = nodes_[node];
+      if (!n || n->inflight > 0 || !n->held.empty() ||
+          std::find(serving.begin(), serving.end(), node) != serving.end()) {
+        continue;
+      }
+      sent_ -= n->sent;
+      --used_nodes_;
+      nodes_[node].reset();
+    }
+  }
+
   uint64_t inflight() const { return inflight_; }
   uint64_t held() const { return held_; }
   size_t max_total() const { return max_total_; }

@@ -92,6 +92,45 @@ TEST(NodeWindows, NeverMoreThanMaxInFlightAndHeldTogether) {
   EXPECT_FALSE(windows.propose_more());
 }
 
+uint64_t sum_of_limits(const Windows& windows) {
+  uint64_t sum = 0;
+  for (const NodeWindowReport& node : windows.report()) sum += node.limit;
+  return sum;
+}
+
+std::vector<size_t> nodes_reported(const Windows& windows) {
+  std::vector<size_t> nodes;
+  for (const NodeWindowReport& node : windows.report()) nodes.push_back(node.node);
+  return nodes;
+}
+
+// A failover or a node gone leaves node indices reads no longer go to: their windows leave the
+// total limit once nothing of theirs is in flight or held (before, they counted for good).
+TEST(NodeWindows, NodesNoLongerServingLeaveTheLimitOnceIdle) {
+  Windows windows(4, 1000);
+  int item = 0;
+  for (size_t node = 0; node < 3; ++node) {
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(offer(windows, node, item++), Windows::Admit::kSend);
+    for (int i = 0; i < 4; ++i) windows.on_answered(node, 1ms, kStart);
+  }
+  const uint64_t all = windows.limit();
+  EXPECT_EQ(all, sum_of_limits(windows));
+  EXPECT_EQ(nodes_reported(windows), (std::vector<size_t>{0, 1, 2}));
+  // Only node 0 serves now; node 1 still has a fetch in flight, so it stays until that ends.
+  ASSERT_EQ(offer(windows, 1, item++), Windows::Admit::kSend);
+  windows.retire_idle_except({0});
+  EXPECT_EQ(nodes_reported(windows), (std::vector<size_t>{0, 1}));
+  EXPECT_LT(windows.limit(), all);
+  EXPECT_EQ(windows.limit(), sum_of_limits(windows));
+  windows.on_ended(1);
+  windows.retire_idle_except({0});
+  EXPECT_EQ(nodes_reported(windows), (std::vector<size_t>{0}));
+  EXPECT_EQ(windows.limit(), sum_of_limits(windows));
+  // A retired node used again starts from the floor.
+  ASSERT_EQ(offer(windows, 2, item++), Windows::Admit::kSend);
+  EXPECT_EQ(windows.report().back().limit, 4u);
+}
+
 // The first replies of a planned epoch, back `rtt` after they were sent, 200 us apart: the
 // path carries 5,000 objects/s.
 void first_replies(Windows& windows, size_t node, std::chrono::nanoseconds rtt, int& item) {
