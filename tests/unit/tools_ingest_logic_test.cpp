@@ -10,12 +10,14 @@
 
 #include <xxhash.h>
 #include <cstdio>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -468,10 +470,22 @@ TEST(DirectorySource, StopsWhenTheSinkAsksTo) {
 // to nobody first (a death test), so the permission check really refuses the directory.
 TEST(DirectorySource, UnreadableDirectoryIsAnErrorNamingIt) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  TempDir tmp;
-  fs::create_directories(tmp.path() / "locked");
-  ::chmod(tmp.path().c_str(), 0755);  // nobody may reach the tree, just not into "locked"
-  ::chmod((tmp.path() / "locked").c_str(), 0);
+  // A "threadsafe" death test's child runs this body again from the top and leaves by _Exit:
+  // it walks the parent's tree, named in the environment, instead of making one of its own
+  // that nothing would remove.
+  constexpr const char* kTreeVariable = "DSFS_TEST_UNREADABLE_TREE";
+  std::optional<TempDir> tmp;
+  fs::path tree;
+  if (const char* parent_tree = std::getenv(kTreeVariable)) {
+    tree = parent_tree;
+  } else {
+    tmp.emplace();
+    tree = tmp->path();
+    fs::create_directories(tree / "locked");
+    ::chmod(tree.c_str(), 0755);  // nobody may reach the tree, just not into "locked"
+    ::chmod((tree / "locked").c_str(), 0);
+    ::setenv(kTreeVariable, tree.c_str(), 1);
+  }
   const auto walk_as_nobody = [&] {
     constexpr uid_t kNobody = 65534;
     if (::geteuid() == 0 && (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0)) {
@@ -480,7 +494,7 @@ TEST(DirectorySource, UnreadableDirectoryIsAnErrorNamingIt) {
     }
     MemorySink sink;
     try {
-      make_directory_source(tmp.path(), SourceOptions{})->read(sink);
+      make_directory_source(tree, SourceOptions{})->read(sink);
       std::fprintf(stderr, "an unreadable directory was accepted\n");
       std::_Exit(1);
     } catch (const std::runtime_error& e) {
@@ -489,7 +503,8 @@ TEST(DirectorySource, UnreadableDirectoryIsAnErrorNamingIt) {
     }
   };
   EXPECT_EXIT(walk_as_nobody(), testing::ExitedWithCode(0), "refused: .*locked.*Permission denied");
-  ::chmod((tmp.path() / "locked").c_str(), 0755);
+  ::unsetenv(kTreeVariable);
+  ::chmod((tree / "locked").c_str(), 0755);
 }
 
 // ---- archive source --------------------------------------------------------------------------
