@@ -168,14 +168,15 @@ class Client {
   std::string address_of(size_t index) const;
   bool is_replica(size_t index) const;  // reached as a replica (its connections send READONLY)
   // A connection to node `index` failed: reads pass it over for its shard's other copies for
-  // the next second (then one read tries it again). A reply from it clears the mark.
+  // the next second (then one read tries it again). Newly marked, the map is reloaded first,
+  // so routing around it trusts a map asked for after the failure. A reply clears the mark.
   void mark_down(size_t index);
   void mark_up(size_t index);
 
   // Reloads the slot map from any node that answers (a no-op for a single server). Throws
-  // ConnectionError when none does. One reload at a time: callers that arrive while one runs
-  // wait for it and then load their own, but one that began after them and ended serves them
-  // (its error, if it failed), so many readers stalled on one dead node load the map once.
+  // ConnectionError when none does. One reload at a time: a caller that waited for another
+  // takes its map if that one was asked for after this call began (or its error, if it
+  // failed), so many readers stalled on one dead node load the map once.
   void refresh_topology();
   // refresh_topology() when the map is older than 10 s (one caller does it; errors ignored):
   // replicas that joined (Redis lists a replica only once it has replicated something),
@@ -200,12 +201,13 @@ class Client {
   void pipeline_views(std::span<const std::vector<std::string_view>> commands, size_t window,
                       const std::function<void(size_t, Reply&)>& on_reply);
   void patch_slot(uint32_t slot, size_t node);
-  // The retry loops' reload: refresh_topology() unless a map was loaded in the last 200 ms,
-  // before or after waiting for another reload (it is as new as one more would be while a node
-  // is down); errors logged, not thrown.
+  // Reloads the map unless the one in use was asked for at or after `asked_since_ms` (steady
+  // clock), checked again after waiting for the reload in progress; a reload begun since then
+  // that failed is not tried again, its error is thrown. One at a time (refresh_mutex_).
+  void reload_topology(int64_t asked_since_ms);
+  // The retry loops' reload: reload_topology() of a map asked for in the last 200 ms (as new as
+  // one more would be while a node is down); errors logged, not thrown.
   void refresh_topology_in_retry();
-  void reload_topology(bool unless_recent);
-  bool loaded_recently() const;
   // route_read(), passing over `failed` (nodes that failed this caller) and nodes marked down
   // while another copy of the shard is neither; when every copy is, the one route_read() would
   // pick without them.
@@ -224,12 +226,12 @@ class Client {
   std::atomic<uint64_t> refreshes_{0};
   std::atomic<uint64_t> replica_turn_{0};
   std::atomic<int64_t> last_refresh_ms_{0};
-  // refresh_topology(): one at a time (refresh_mutex_); reloads_begun_ counts those begun, so a
-  // waiter knows whether one began after it; last_reload_error_ (refresh_mutex_) is the last
-  // one's failure ("" when it loaded a map).
+  // When the map in use was asked for (ms, steady clock); when the last reload that failed began
+  // and its error (refresh_mutex_).
   std::mutex refresh_mutex_;
-  std::atomic<uint64_t> reloads_begun_{0};
-  std::string last_reload_error_;
+  std::atomic<int64_t> map_asked_ms_{0};
+  int64_t failed_reload_began_ms_ = 0;
+  std::string failed_reload_error_;
   // Per node index (sized kMaxNodes, never moves): until when (ms, steady clock) it is passed
   // over for reads; 0 when it is not.
   std::unique_ptr<std::atomic<int64_t>[]> down_until_ms_;

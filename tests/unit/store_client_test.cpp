@@ -862,5 +862,49 @@ TEST_F(ClusterTest, ReadersStalledOnADeadShardReloadTheMapTogether) {
       << " times in 1.5 s";
 }
 
+// A client whose map is behind a failover (it takes the promoted node for a replica and the
+// demoted one for the primary) sees the promoted node die, through the prefetch engine's
+// router. Reads routed around the dead node from then on go by a map loaded after the failure:
+// the demoted node, a replica now, serves them on one try. Before, they went by the old map to
+// the demoted node as a primary, which answered MOVED to the dead node, and every read of the
+// shard waited for the next promotion (bench/cluster_soak.py: stalls of 4-5 s in replica
+// mounts).
+TEST_F(ClusterTest, ReadsRoutedAroundAFailedNodeGoByAMapLoadedAfterTheFailure) {
+  spoil();  // roles swapped, a node killed
+  const std::vector<std::string> keys = keys_over_slots(300);
+  write_keys_listed(keys);
+  const int demoted = owner_of(0);
+  const int promoted = replica_of(replicas_, demoted);
+  const int seed = demoted == primaries_[0] ? primaries_[1] : primaries_[0];
+  Client client({tcp(seed)},
+                ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
+                              .read_from = ReadFrom::kReplica});
+  std::vector<ValueReply> got = client.get_values(keys, 8, 5s);  // the map before the failover
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
+  {
+    Connection conn(tcp(promoted));
+    conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
+  }
+  wait_until_every_node_says(every_node(), 0, promoted, demoted);
+  {
+    Connection conn(tcp(demoted));
+    conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
+  }
+  shut_down(promoted);
+  // The router meets the dead node first (it routes there by the old map).
+  GetRouter router(client);
+  std::vector<uint64_t> tags(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) tags[i] = i;
+  EXPECT_THROW(
+      {
+        router.send(keys, tags);
+        while (router.outstanding() > 0) router.receive();
+      },
+      ConnectionError);
+  // Then a read, one try.
+  got = client.get_values(keys, 8, 0ms);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+}
+
 }  // namespace
 }  // namespace dsfs::store
