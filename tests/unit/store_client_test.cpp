@@ -181,6 +181,43 @@ TEST(ClientTransientReplies, ClusterDownIsRetriedLikeLoadingAndTryAgain) {
   }
 }
 
+// The port of the replica that replicates `primary`, by asking the replicas.
+int replica_of(const std::vector<int>& replicas, int primary) {
+  for (const int port : replicas) {
+    Connection conn(tcp(port));
+    const std::string info(conn.command({"INFO", "replication"}).str());
+    if (info.find("master_port:" + std::to_string(primary) + "\r") != std::string::npos) {
+      return port;
+    }
+  }
+  ADD_FAILURE() << "no replica of " << primary;
+  return 0;
+}
+
+// Waits (bounded) until every node's CLUSTER SLOTS says `primary` serves `slot` with `replica`
+// listed as its replica.
+void wait_until_every_node_says(const std::vector<int>& nodes, uint32_t slot, int primary,
+                                int replica) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    bool all = true;
+    for (const int port : nodes) {
+      Connection conn(tcp(port));
+      const SlotMap map =
+          SlotMap::from_cluster_slots(conn.command({"CLUSTER", "SLOTS"}).raw(), "127.0.0.1");
+      const SlotMap::Range* range = map.find(slot);
+      all = all && range && range->primary.port == primary &&
+            std::any_of(range->replicas.begin(), range->replicas.end(),
+                        [&](const ClusterNode& n) { return n.port == replica; });
+    }
+    if (all) return;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the nodes never agreed that " << primary << " serves slot " << slot << " with "
+        << replica << " as its replica";
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
 // 3 primaries with a replica each (LocalCluster in a temp DSFS_HOME), stopped (SHUTDOWN) on
 // destruction. `spoiled`: a test altered it (killed a node, changed a timeout) or failed on it,
 // so the next test needs a new one.
@@ -301,6 +338,34 @@ class ClusterTest : public ::testing::Test {
       Connection conn(tcp(port));
       conn.command({"CONFIG", "SET", "cluster-node-timeout", "1000"}).expect_ok("CONFIG SET");
     }
+  }
+
+  // Writes `keys`, and a client reading from replicas reads them all (learning the map); then
+  // slot 0's replica takes over (CLUSTER FAILOVER), the demoted node may not fail over again,
+  // and the promoted node is shut down. The client's map is behind: it takes the dead node for
+  // a replica and the demoted one, a live replica now, for the primary.
+  std::unique_ptr<Client> client_behind_a_failover(const std::vector<std::string>& keys) {
+    write_keys_listed(keys);
+    const int demoted = owner_of(0);
+    const int promoted = replica_of(replicas_, demoted);
+    const int seed = demoted == primaries_[0] ? primaries_[1] : primaries_[0];
+    auto client = std::make_unique<Client>(
+        std::vector<RedisEndpoint>{tcp(seed)},
+        ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
+                      .read_from = ReadFrom::kReplica});
+    std::vector<ValueReply> got = client->get_values(keys, 8, 5s);  // the map before
+    for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
+    {
+      Connection conn(tcp(promoted));
+      conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
+    }
+    wait_until_every_node_says(every_node(), 0, promoted, demoted);
+    {
+      Connection conn(tcp(demoted));
+      conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
+    }
+    shut_down(promoted);
+    return client;
   }
 
   static void shut_down(int port) {
@@ -574,43 +639,6 @@ TEST_F(ClusterTest, APrimaryThatDiesIsReplacedAndReadsGoOn) {
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
 }
 
-// The port of the replica that replicates `primary`, by asking the replicas.
-int replica_of(const std::vector<int>& replicas, int primary) {
-  for (const int port : replicas) {
-    Connection conn(tcp(port));
-    const std::string info(conn.command({"INFO", "replication"}).str());
-    if (info.find("master_port:" + std::to_string(primary) + "\r") != std::string::npos) {
-      return port;
-    }
-  }
-  ADD_FAILURE() << "no replica of " << primary;
-  return 0;
-}
-
-// Waits (bounded) until every node's CLUSTER SLOTS says `primary` serves `slot` with `replica`
-// listed as its replica.
-void wait_until_every_node_says(const std::vector<int>& nodes, uint32_t slot, int primary,
-                                int replica) {
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  for (;;) {
-    bool all = true;
-    for (const int port : nodes) {
-      Connection conn(tcp(port));
-      const SlotMap map =
-          SlotMap::from_cluster_slots(conn.command({"CLUSTER", "SLOTS"}).raw(), "127.0.0.1");
-      const SlotMap::Range* range = map.find(slot);
-      all = all && range && range->primary.port == primary &&
-            std::any_of(range->replicas.begin(), range->replicas.end(),
-                        [&](const ClusterNode& n) { return n.port == replica; });
-    }
-    if (all) return;
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-        << "the nodes never agreed that " << primary << " serves slot " << slot << " with "
-        << replica << " as its replica";
-    std::this_thread::sleep_for(50ms);
-  }
-}
-
 // A failover swaps two nodes' roles: the client knows each node once per role, so reads meant
 // for replicas go to the demoted node with READONLY, and not one is redirected to the promoted
 // one (before, the demoted node kept its primary's connections and redirected every read).
@@ -747,27 +775,10 @@ TEST_F(ClusterTest, AMapMissingAReplicaIsReloadedEverySecond) {
 TEST_F(ClusterTest, AReadWhoseReplicaDiesIsAskedOfTheCopyTheNewMapNames) {
   spoil();  // roles swapped, a node killed
   const std::vector<std::string> keys = keys_over_slots(300);
-  write_keys_listed(keys);
-  const int demoted = owner_of(0);
-  const int promoted = replica_of(replicas_, demoted);
-  const int seed = demoted == primaries_[0] ? primaries_[1] : primaries_[0];
-  Client client({tcp(seed)},
-                ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
-                              .read_from = ReadFrom::kReplica});
-  std::vector<ValueReply> got = client.get_values(keys, 8, 5s);  // the map before the failover
-  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
-  {
-    Connection conn(tcp(promoted));
-    conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
-  }
-  wait_until_every_node_says(every_node(), 0, promoted, demoted);
-  {
-    Connection conn(tcp(demoted));
-    conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
-  }
-  shut_down(promoted);
+  const std::unique_ptr<Client> client = client_behind_a_failover(keys);
+  std::vector<ValueReply> got;
   uint64_t retries = 0;
-  got = client.get_values(keys, 8, 10s, &retries);
+  got = client->get_values(keys, 8, 10s, &retries);
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
   EXPECT_LE(retries, 3u);
 }
@@ -872,27 +883,10 @@ TEST_F(ClusterTest, ReadersStalledOnADeadShardReloadTheMapTogether) {
 TEST_F(ClusterTest, ReadsRoutedAroundAFailedNodeGoByAMapLoadedAfterTheFailure) {
   spoil();  // roles swapped, a node killed
   const std::vector<std::string> keys = keys_over_slots(300);
-  write_keys_listed(keys);
-  const int demoted = owner_of(0);
-  const int promoted = replica_of(replicas_, demoted);
-  const int seed = demoted == primaries_[0] ? primaries_[1] : primaries_[0];
-  Client client({tcp(seed)},
-                ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 2000ms},
-                              .read_from = ReadFrom::kReplica});
-  std::vector<ValueReply> got = client.get_values(keys, 8, 5s);  // the map before the failover
-  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(text(got[i]), value_of(keys[i]));
-  {
-    Connection conn(tcp(promoted));
-    conn.command({"CLUSTER", "FAILOVER"}).expect_ok("CLUSTER FAILOVER");
-  }
-  wait_until_every_node_says(every_node(), 0, promoted, demoted);
-  {
-    Connection conn(tcp(demoted));
-    conn.command({"CONFIG", "SET", "cluster-replica-no-failover", "yes"}).expect_ok("CONFIG SET");
-  }
-  shut_down(promoted);
+  const std::unique_ptr<Client> client = client_behind_a_failover(keys);
+  std::vector<ValueReply> got;
   // The router meets the dead node first (it routes there by the old map).
-  GetRouter router(client);
+  GetRouter router(*client);
   std::vector<uint64_t> tags(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) tags[i] = i;
   EXPECT_THROW(
@@ -902,7 +896,7 @@ TEST_F(ClusterTest, ReadsRoutedAroundAFailedNodeGoByAMapLoadedAfterTheFailure) {
       },
       ConnectionError);
   // Then a read, one try.
-  got = client.get_values(keys, 8, 0ms);
+  got = client->get_values(keys, 8, 0ms);
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(text(got[i]), value_of(keys[i]));
 }
 
