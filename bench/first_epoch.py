@@ -23,8 +23,10 @@ recorded (the first daemon to take memory pays for fresh pages):
                    the plan mode writes the order to M/.dsfs/plan before the clock starts
            processes: the same in 8 forked processes (as DataLoader workers are), no GIL
                    shared between them (not in the default --readers)
-  order    shuffled (a new permutation, as a shuffling sampler) or sequential (the files in
-           sorted order, as a loader without shuffling, `tar` or `md5sum`): `--orders`
+  order    shuffled (a new permutation, as a shuffling sampler), sequential (the files in
+           sorted order, as a loader without shuffling, `tar` or `md5sum`) or random (as many
+           draws as files, with replacement, as `RandomSampler(replacement=True)` or a
+           `WeightedRandomSampler`; Python readers only): `--orders`
   figures  files/s, the daemon's CPU per file and RSS (VmRSS at the end, VmHWM), its CPU per
            thread name (fetch-N, disk-write-N, ...; FUSE's workers keep the daemon's name) and
            its busiest thread's CPU as a share of the epoch (near 100%: that thread bounds the
@@ -65,13 +67,13 @@ MODES = OrderedDict([("off", {"prefetch": "off", "plan": False}),
                      ("auto", {"prefetch": "auto", "plan": False}),
                      ("plan", {"prefetch": "auto", "plan": True})])
 READERS = ("c", "python", "processes")
-ORDERS = ("shuffled", "sequential")
+ORDERS = ("shuffled", "sequential", "random")
 DEFAULT_READERS = ("c", "python")
 
 # A fresh interpreter per epoch; prints the files read and the seconds taken. argv: root, seed,
 # plan file or "" (no plan), readers, seconds after which the epoch is cut, "threads" or
-# "processes" (forked after the list is read, each writing its count to a pipe), "shuffled" or
-# "sequential" (the sorted list as it comes).
+# "processes" (forked after the list is read, each writing its count to a pipe), "shuffled",
+# "sequential" (the sorted list as it comes) or "random" (len(files) draws with replacement).
 PY_READER = r"""
 import os, random, sys, threading, time
 root, seed, plan, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -80,6 +82,8 @@ forked = sys.argv[6] == "processes"
 files = [l for l in sys.stdin.read().split("\n") if l]
 if sys.argv[7] == "shuffled":
     random.Random(seed).shuffle(files)
+elif sys.argv[7] == "random":
+    files = random.Random(seed).choices(files, k=len(files))
 if plan:
     mount = os.path.dirname(root)
     with open(plan, "w") as f:
@@ -535,7 +539,8 @@ def main():
     p.add_argument("--orders", default="shuffled",
                    help="the epoch's order: shuffled (a new permutation, as a shuffling "
                         "sampler), sequential (the files sorted, as a loader without shuffling "
-                        "or `tar` reads them), or both, comma-separated (default: shuffled)")
+                        "or `tar` reads them), random (draws with replacement; Python readers "
+                        "only), comma-separated (default: shuffled)")
     p.add_argument("--epoch-seconds", type=int, default=20,
                    help="cut an epoch after this long (20)")
     p.add_argument("--data-dir", default="/dev/shm/dsfs-bench-data")
@@ -566,6 +571,9 @@ def main():
     args.orders = args.orders.split(",")
     check_choices(args.readers, READERS, "reader")
     check_choices(args.orders, ORDERS, "order")
+    if "random" in args.orders and "c" in args.readers:
+        p.error("--orders random is for the Python readers: `dsfs bench` has no order with "
+                "replacement; pass --readers python (or processes)")
     args.builds, args.labels = split_builds(args.builds, args.labels,
                                             "bench: --labels needs one distinct name per build")
     interrupt_on_signals()
