@@ -631,8 +631,9 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       ->add_option("--prefetch", mount_args->prefetch,
                    "Fetching ahead of readers: auto (learn the order from the reads: a plan "
                    "written to MOUNTPOINT/.dsfs/plan, directory order, the last epoch's order, "
-                   "or any file not read yet this epoch), plan (only follow a written plan), or "
-                   "off (fetch only what is read)")
+                   "or any file not read yet this epoch; those guesses are not sent to a Redis "
+                   "under 1 ms away, where a miss costs less than they do), plan (only follow a "
+                   "written plan), or off (fetch only what is read)")
       ->check(CLI::IsMember({"auto", "plan", "off"}))
       ->capture_default_str();
   mount

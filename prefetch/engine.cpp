@@ -324,6 +324,7 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
   while (!cache_full) {
     if (!held_) {
       if (options_.mode == PrefetchMode::kPlan && model_->leader() != "plan") break;
+      if (guesses_held_back_locked()) break;
       held_ = model_->propose();
       if (!held_) break;
     }
@@ -374,6 +375,10 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
     staging_work_.notify_all();
   }
   return for_redis_waits;
+}
+
+bool PrefetchEngine::guesses_held_back_locked() const {
+  return disk_stagers_ == 0 && model_->leader() == "unread-set" && windows_.all_near(options_.near_rtt);
 }
 
 bool PrefetchEngine::cached_whole_locked(const DatasetSnapshot& d, uint32_t entry) const {
@@ -704,6 +709,7 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.inflight_held = windows_.held();
   s.idle_workers = idle_workers_;
   s.fetches_opened_for_plan = windows_.opened_for_plan();
+  s.guesses_held_back = options_.mode == PrefetchMode::kAuto && guesses_held_back_locked();
   for (const NodeWindowReport& n : windows_.report()) {
     s.base_rtt_ms = std::max(s.base_rtt_ms, n.base_rtt_ms);
     s.rtt_ms = std::max(s.rtt_ms, n.rtt_ms);

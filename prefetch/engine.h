@@ -56,6 +56,9 @@ struct EngineOptions {
   // A fetch worker with nothing in flight looks for work on its own this often; a plan written,
   // a read while every worker is idle, or a worker with more work than its share wakes it sooner.
   std::chrono::milliseconds idle_recheck{20};
+  // Guesses of an unknown order are held back while every node is nearer than this
+  // (guesses_held_back_locked).
+  std::chrono::microseconds near_rtt = InflightControl::kNearRtt;
   uint64_t seed = 0x5eed;
 };
 
@@ -86,6 +89,8 @@ struct EngineStats {
   uint64_t inflight_held = 0;            // proposed for a node whose window is full
   uint64_t idle_workers = 0;             // fetch workers waiting for work, nothing in flight
   uint64_t fetches_opened_for_plan = 0;  // sent while their node's window was open for a plan
+  // The unread set leads and its guesses are not sent: every node is near (guesses_held_back).
+  bool guesses_held_back = false;
   // Of the node farthest away (the largest), for one server its own:
   double base_rtt_ms = 0;  // the smallest round trip since the last pause
   double rtt_ms = 0;
@@ -204,6 +209,11 @@ class PrefetchEngine {
   // no room. Chunks already cached are promoted (and added to `ready`). mutex_ held.
   bool reserve_locked(const Proposal& proposal, bool from_disk, std::vector<Fetch>& out,
                       std::vector<ReadySource>& ready);
+  // Whether the unread set's guesses (no order known) are held back: it leads, there is no disk
+  // tier, and every node is nearer than options_.near_rtt, where a reader's miss costs it less
+  // than guesses cost the machine. Its first guesses measure the round trip, and again after
+  // each pause. mutex_ held.
+  bool guesses_held_back_locked() const;
   // Whether the memory cache holds (or is loading) every chunk of the file.
   bool cached_whole_locked(const DatasetSnapshot& d, uint32_t entry) const;
   // The most fetches one worker takes at once. Replies on one connection come back in the order

@@ -45,6 +45,19 @@ class InflightControl {
   // bandwidth-delay product; below it the floor is about the product already, and a local
   // server's replies on a loaded machine can take a few ms (measured: 2-5 ms at 0 ms here).
   static constexpr std::chrono::milliseconds kFarRtt{10};
+  // Below this round trip a reader's miss costs it less than FUSE and the reader spend on each
+  // file anyway, and a guess of a shuffled order saves it nothing it would notice: measured on
+  // the unix socket, guesses among the unread files read no faster than none, and with draws
+  // with replacement they cost 13-21% (docs/benchmarks.md, "The first epoch with draws with
+  // replacement").
+  static constexpr std::chrono::microseconds kNearRtt{1000};
+  // Completions a burst needs to be measured, and replies the base round trip is trusted from.
+  static constexpr uint64_t kBurstSample = 8;
+  // Whether the path's own round trip is below `bound` (kNearRtt unless a test says otherwise),
+  // trusted from kBurstSample replies on (until then, and after a pause, false).
+  bool near(std::chrono::nanoseconds bound) const {
+    return base_samples_ >= kBurstSample && base_rtt_ < bound;
+  }
 
   double rtt_ms() const { return rtt_.count() / 1e6; }
   double base_rtt_ms() const { return base_rtt_.count() / 1e6; }
@@ -73,7 +86,6 @@ class InflightControl {
   // the last 2-second period: a lull between rounds (a window that drained, its last replies
   // trickling in) says nothing of the path and leaves the rate alone, while a path that slowed
   // down shows it within two periods.
-  static constexpr uint64_t kBurstSample = 8;  // completions a burst needs to be measured
   double period_burst_ = 0;
   double last_period_burst_ = 0;
   Clock::time_point burst_period_start_{};

@@ -155,6 +155,18 @@ class NodeWindows {
     }
   }
 
+  // Whether every node fetched from is near (InflightControl::near, under `bound`); false before
+  // any has been measured.
+  bool all_near(std::chrono::nanoseconds bound) const {
+    bool any = false;
+    for (const auto& n : nodes_) {
+      if (!n) continue;
+      if (!n->control.near(bound)) return false;
+      any = true;
+    }
+    return any;
+  }
+
   uint64_t inflight() const { return inflight_; }
   uint64_t held() const { return held_; }
   size_t max_total() const { return max_total_; }

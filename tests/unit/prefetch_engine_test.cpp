@@ -23,6 +23,7 @@
 #include "prefetch/disk_tier.h"
 #include "prefetch/engine.h"
 #include "prefetch/file_reader.h"
+#include "prefetch/node_windows.h"
 #include "prefetch/object_cache.h"
 #include "prefetch/object_fetcher.h"
 #include "src/catalog/catalog.h"
@@ -264,6 +265,33 @@ TEST_F(PrefetchEngineTest, ReadsStayRightWhileASmallCacheChurns) {
   EXPECT_GT(cache_->stats().evictions, 0u);
   EXPECT_GE(engine_->stats().epoch, 4u);
   EXPECT_EQ(engine_->stats().leader, "unread-set");
+}
+
+// Next to the server (the test's redis-server, well under a millisecond away), guesses of an
+// unknown order are not sent once the first replies have measured the round trip: a reader's
+// miss costs it less there than guesses cost the machine, and with draws with replacement most
+// guesses are never read (issue 17). Before, every read of a shuffled epoch sent more guesses.
+TEST_F(PrefetchEngineTest, NextToTheServerGuessesOfAnUnknownOrderStopOnceTheRoundTripIsMeasured) {
+  // Near: under 50 ms, which the test's local server is even on a loaded machine under TSan.
+  make_engine(64 << 20, EngineOptions{.mode = PrefetchMode::kAuto, .connections = 3,
+                                      .near_rtt = 50ms});
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  // Read until the engine holds its guesses back (reads go on meanwhile: a pause would make it
+  // measure again).
+  size_t next = 0;
+  while (next < kFiles / 2 && !engine_->stats().guesses_held_back) read_and_check(order[next++]);
+  const EngineStats held = engine_->stats();
+  ASSERT_TRUE(held.guesses_held_back)
+      << "after " << next << " reads, base round trip " << held.base_rtt_ms << " ms";
+  EXPECT_EQ(held.leader, "unread-set");
+  const uint64_t prefetches = cache_->stats().prefetches;
+  EXPECT_GT(prefetches, 0u);  // its first guesses measured the round trip
+  for (; next < kFiles; ++next) read_and_check(order[next]);
+  // At most the one proposal it held when it stopped.
+  EXPECT_LE(cache_->stats().prefetches, prefetches + 1);
+  EXPECT_TRUE(engine_->stats().guesses_held_back);
 }
 
 TEST_F(PrefetchEngineTest, RedisGoingAwayOnlyCostsThePrefetches) {
@@ -714,6 +742,35 @@ TEST(InflightControl, NearTheServerSlowStartIsBoundedWithinItsFirstMilliseconds)
   EXPECT_NEAR(control.fetched_per_s(), 15000, 1000);
   // Four times the 7.5 replies per round trip, plus the floor.
   EXPECT_LE(most, 16u + 4 * 8u + 2);
+}
+
+// A path is near once a few replies agree its round trip is under kNearRtt; one far node makes
+// the windows not all near; a pause forgets the measure (the next reads measure it again).
+TEST(InflightControl, APathIsNearOnceAFewRepliesSayItsRoundTripIsShort) {
+  using Clock = InflightControl::Clock;
+  NodeWindows<int> windows(16, 8192);
+  const auto near = InflightControl::kNearRtt;
+  EXPECT_FALSE(windows.all_near(near));  // nothing measured
+  Clock::time_point now{std::chrono::hours(1)};
+  int item = 0;
+  for (uint64_t i = 0; i + 1 < InflightControl::kBurstSample; ++i) {
+    ASSERT_EQ(windows.offer(0, item), NodeWindows<int>::Admit::kSend);
+    windows.on_answered(0, 200us, now += 50us);
+  }
+  EXPECT_FALSE(windows.all_near(near));  // one reply short of trusting it
+  ASSERT_EQ(windows.offer(0, item), NodeWindows<int>::Admit::kSend);
+  windows.on_answered(0, 300us, now += 50us);
+  EXPECT_TRUE(windows.all_near(near));
+  // A second node 5 ms away.
+  for (uint64_t i = 0; i < InflightControl::kBurstSample; ++i) {
+    ASSERT_EQ(windows.offer(1, item), NodeWindows<int>::Admit::kSend);
+    windows.on_answered(1, 5ms, now += 50us);
+  }
+  EXPECT_FALSE(windows.all_near(near));
+  windows.retire_idle_except({0});
+  EXPECT_TRUE(windows.all_near(near));
+  windows.on_idle();
+  EXPECT_FALSE(windows.all_near(near));
 }
 
 TEST(InflightControl, FarFromTheServerSlowStartStillDoublesEachRoundTrip) {
