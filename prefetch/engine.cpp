@@ -226,8 +226,10 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     // A read frees room for one more prefetch. Workers with GETs in flight take more work as
     // their replies come (and wake an idle one when they have their share: next_fetches), so a
     // read wakes a worker only when none has any, and at most every millisecond: a wake-up per
-    // read would cost a context switch per file.
-    wake = idle_workers_ == options_.connections && idle_wakeup_due_locked(now);
+    // read would cost a context switch per file. Not while guesses are held back: the read gave
+    // a worker nothing to fetch (one that changed the leader to an order does wake one).
+    wake = idle_workers_ == options_.connections && !guesses_held_back_locked() &&
+           idle_wakeup_due_locked(now);
   }
   if (wake) work_.notify_one();
 }
