@@ -380,7 +380,8 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
 }
 
 bool PrefetchEngine::guesses_held_back_locked() const {
-  return disk_stagers_ == 0 && model_->leader() == "unread-set" && windows_.all_near(options_.near_rtt);
+  return disk_stagers_ == 0 && model_->leader() == "unread-set" &&
+         windows_.all_near(options_.near_rtt);
 }
 
 bool PrefetchEngine::cached_whole_locked(const DatasetSnapshot& d, uint32_t entry) const {

@@ -48,8 +48,8 @@ class InflightControl {
   // Below this round trip a reader's miss costs it less than FUSE and the reader spend on each
   // file anyway, and a guess of a shuffled order saves it nothing it would notice: measured on
   // the unix socket, guesses among the unread files read no faster than none, and with draws
-  // with replacement they cost 13-21% (docs/benchmarks.md, "The first epoch with draws with
-  // replacement").
+  // with replacement they cost 12-21% (docs/benchmarks.md, "The first epoch with draws with
+  // replacement"); 1 ms away those break even and shuffled orders gain 16-29%.
   static constexpr std::chrono::microseconds kNearRtt{1000};
   // Completions a burst needs to be measured, and replies the base round trip is trusted from.
   static constexpr uint64_t kBurstSample = 8;

@@ -133,8 +133,8 @@ class PrefetchTest(PrefetchCase):
             if mode == "auto":
                 self.assertEqual(stats["leader"], "unread-set")
                 self.assertGreaterEqual(stats["epoch"], 3)
-                # 20 ms away its guesses are worth a round trip each: never held back (they
-                # are next to the server, issue 17).
+                # 20 ms away each guess saves a round trip: never held back (only next to
+                # the server, under 1 ms, are they: issue 17).
                 self.assertFalse(stats["inflight"]["guesses_held_back"], stats["inflight"])
             else:
                 self.assertEqual(stats["bytes"]["prefetched"], 0)

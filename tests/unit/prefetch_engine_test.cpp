@@ -273,8 +273,8 @@ TEST_F(PrefetchEngineTest, ReadsStayRightWhileASmallCacheChurns) {
 // guesses are never read (issue 17). Before, every read of a shuffled epoch sent more guesses.
 TEST_F(PrefetchEngineTest, NextToTheServerGuessesOfAnUnknownOrderStopOnceTheRoundTripIsMeasured) {
   // Near: under 50 ms, which the test's local server is even on a loaded machine under TSan.
-  make_engine(64 << 20, EngineOptions{.mode = PrefetchMode::kAuto, .connections = 3,
-                                      .near_rtt = 50ms});
+  make_engine(64 << 20,
+              EngineOptions{.mode = PrefetchMode::kAuto, .connections = 3, .near_rtt = 50ms});
   std::vector<uint32_t> order(kFiles);
   for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
