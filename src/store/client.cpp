@@ -20,6 +20,8 @@ namespace dsfs::store {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// A get_values() round to one node that takes longer is logged (debug).
+constexpr std::chrono::milliseconds kSlowGets{500};
 
 // The most nodes one client keeps: nodes_ is reserved to it so that a node's slot never moves
 // while another thread reads it. Far above any real cluster's size.
@@ -776,9 +778,20 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
   const auto fetch = [&](size_t target, std::span<const std::string> group,
                          std::span<const size_t> indices) {
     std::vector<ValueReply> got;
+    const Clock::time_point asked = Clock::now();
     try {
       ConnectionPool::Lease lease = node(target).pool->acquire();
+      const Clock::time_point leased = Clock::now();
       got = lease->get_values(group, window);
+      // Where a slow read waited (a soak's stalls of a second left no other trace): for a
+      // connection of the node's pool, or for the node's replies.
+      if (const Clock::time_point now = Clock::now(); now - asked > kSlowGets) {
+        spdlog::debug(
+            "{} GET(s) of {} took {} ms ({} ms waiting for a connection)", group.size(),
+            describe_node(target),
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - asked).count(),
+            std::chrono::duration_cast<std::chrono::milliseconds>(leased - asked).count());
+      }
     } catch (const ConnectionError& e) {
       last_error = e.what();
       add_failed(target);
