@@ -81,7 +81,7 @@ void InflightControl::on_fetched(Clock::time_point now) {
 }
 
 bool InflightControl::opened_for_plan() const {
-  return plan_leads_ && base_samples_ >= kBurstSample && base_rtt_ >= kFarRtt;
+  return plan_leads_ && base_trusted() && base_rtt_ >= kFarRtt;
 }
 
 size_t InflightControl::limit(double share) const {

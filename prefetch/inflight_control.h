@@ -55,9 +55,7 @@ class InflightControl {
   static constexpr uint64_t kBurstSample = 8;
   // Whether the path's own round trip is below `bound` (kNearRtt unless a test says otherwise),
   // trusted from kBurstSample replies on (until then, and after a pause, false).
-  bool near(std::chrono::nanoseconds bound) const {
-    return base_samples_ >= kBurstSample && base_rtt_ < bound;
-  }
+  bool near(std::chrono::nanoseconds bound) const { return base_trusted() && base_rtt_ < bound; }
 
   double rtt_ms() const { return rtt_.count() / 1e6; }
   double base_rtt_ms() const { return base_rtt_.count() / 1e6; }
@@ -104,6 +102,7 @@ class InflightControl {
   // Samples base_rtt_ is the least of: the opening trusts it from kBurstSample on (the first
   // round trip's replies), not from one slow reply of a near server on a loaded machine.
   uint64_t base_samples_ = 0;
+  bool base_trusted() const { return base_samples_ >= kBurstSample; }
   Clock::time_point period_start_{};
 };
 
