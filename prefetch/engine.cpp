@@ -223,6 +223,7 @@ void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
     }
     windows_.on_access(now);
     last_access_ = now;
+    measure_near_again_locked(now);
     // A read frees room for one more prefetch. Workers with GETs in flight take more work as
     // their replies come (and wake an idle one when they have their share: next_fetches), so a
     // read wakes a worker only when none has any, and at most every millisecond: a wake-up per
@@ -377,6 +378,20 @@ bool PrefetchEngine::propose_locked(size_t room, std::vector<Fetch>& out,
     staging_work_.notify_all();
   }
   return for_redis_waits;
+}
+
+void PrefetchEngine::measure_near_again_locked(Clock::time_point now) {
+  if (!guesses_held_back_locked()) {
+    held_back_since_ = {};
+  } else if (held_back_since_ == Clock::time_point{}) {
+    held_back_since_ = now;
+  } else if (now - held_back_since_ >= options_.near_recheck) {
+    // The base round trip only falls: a route that grew far would keep guesses held back until
+    // the next pause. The next guesses' replies measure it again.
+    windows_.measure_base_again();
+    held_back_since_ = {};
+    ++near_rechecks_;
+  }
 }
 
 bool PrefetchEngine::guesses_held_back_locked() const {
@@ -713,6 +728,7 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.idle_workers = idle_workers_;
   s.fetches_opened_for_plan = windows_.opened_for_plan();
   s.guesses_held_back = options_.mode == PrefetchMode::kAuto && guesses_held_back_locked();
+  s.near_rechecks = near_rechecks_;
   for (const NodeWindowReport& n : windows_.report()) {
     s.base_rtt_ms = std::max(s.base_rtt_ms, n.base_rtt_ms);
     s.rtt_ms = std::max(s.rtt_ms, n.rtt_ms);

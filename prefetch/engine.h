@@ -59,6 +59,9 @@ struct EngineOptions {
   // Guesses of an unknown order are held back while every node is nearer than this
   // (guesses_held_back_locked).
   std::chrono::microseconds near_rtt = InflightControl::kNearRtt;
+  // While they are held back and reads go on, the round trip is measured again this often (a
+  // few guesses go out for it): a path that grew far is noticed without waiting for a pause.
+  std::chrono::milliseconds near_recheck{10000};
   uint64_t seed = 0x5eed;
 };
 
@@ -91,6 +94,8 @@ struct EngineStats {
   uint64_t fetches_opened_for_plan = 0;  // sent while their node's window was open for a plan
   // The unread set leads and its guesses are not sent: every node is near (guesses_held_back).
   bool guesses_held_back = false;
+  // Times the round trip was measured again while they were held back (near_recheck).
+  uint64_t near_rechecks = 0;
   // Of the node farthest away (the largest), for one server its own:
   double base_rtt_ms = 0;  // the smallest round trip since the last pause
   double rtt_ms = 0;
@@ -212,8 +217,14 @@ class PrefetchEngine {
   // Whether the unread set's guesses (no order known) are held back: it leads, there is no disk
   // tier, and every node is nearer than options_.near_rtt, where a reader's miss costs it less
   // than guesses cost the machine. Its first guesses measure the round trip, and again after
-  // each pause. mutex_ held.
+  // each pause, and every options_.near_recheck of reads held back (measure_near_again_locked).
+  // mutex_ held.
   bool guesses_held_back_locked() const;
+  // At a read: while guesses have been held back for options_.near_recheck, has every node's
+  // round trip measured afresh. mutex_ held.
+  void measure_near_again_locked(std::chrono::steady_clock::time_point now);
+  std::chrono::steady_clock::time_point held_back_since_{};  // or zero: not held back
+  uint64_t near_rechecks_ = 0;
   // Whether the memory cache holds (or is loading) every chunk of the file.
   bool cached_whole_locked(const DatasetSnapshot& d, uint32_t entry) const;
   // The most fetches one worker takes at once. Replies on one connection come back in the order

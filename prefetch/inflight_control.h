@@ -21,6 +21,12 @@ class InflightControl {
   void on_fetched(Clock::time_point now);
   void on_idle() {
     window_ = floor_;
+    measure_base_again();
+  }
+  // Forgets the base round trip: the next kBurstSample replies measure it afresh (near() and the
+  // plan's opening are false until then). It only falls otherwise, so a path that grew far
+  // without a pause in the reads would stay near.
+  void measure_base_again() {
     base_rtt_ = std::chrono::nanoseconds{0};
     base_samples_ = 0;
   }

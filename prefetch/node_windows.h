@@ -64,6 +64,12 @@ class NodeWindows {
       if (n) n->control.on_idle();
     }
   }
+  // Every node's base round trip is measured afresh (InflightControl::measure_base_again).
+  void measure_base_again() {
+    for (auto& n : nodes_) {
+      if (n) n->control.measure_base_again();
+    }
+  }
   void set_plan_leads(bool leads) {
     plan_leads_ = leads;
     for (auto& n : nodes_) {

@@ -273,8 +273,11 @@ TEST_F(PrefetchEngineTest, ReadsStayRightWhileASmallCacheChurns) {
 // guesses are never read (issue 17). Before, every read of a shuffled epoch sent more guesses.
 TEST_F(PrefetchEngineTest, NextToTheServerGuessesOfAnUnknownOrderStopOnceTheRoundTripIsMeasured) {
   // Near: under 50 ms, which the test's local server is even on a loaded machine under TSan.
-  make_engine(64 << 20,
-              EngineOptions{.mode = PrefetchMode::kAuto, .connections = 3, .near_rtt = 50ms});
+  // No measure again while reads go on (near_recheck) within the test, however slow the build.
+  make_engine(64 << 20, EngineOptions{.mode = PrefetchMode::kAuto,
+                                      .connections = 3,
+                                      .near_rtt = 50ms,
+                                      .near_recheck = std::chrono::hours(1)});
   std::vector<uint32_t> order(kFiles);
   for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
@@ -292,6 +295,32 @@ TEST_F(PrefetchEngineTest, NextToTheServerGuessesOfAnUnknownOrderStopOnceTheRoun
   // At most the one proposal it held when it stopped.
   EXPECT_LE(cache_->stats().prefetches, prefetches + 1);
   EXPECT_TRUE(engine_->stats().guesses_held_back);
+  EXPECT_EQ(engine_->stats().near_rechecks, 0u);
+}
+
+// Held back, the round trip is measured again while reads go on (near_recheck), not only after
+// a pause: a route that grew far is noticed. Before, no guess went out until a pause.
+TEST_F(PrefetchEngineTest, GuessesHeldBackMeasureTheRoundTripAgainWhileReadsGoOn) {
+  make_engine(
+      64 << 20,
+      EngineOptions{
+          .mode = PrefetchMode::kAuto, .connections = 3, .near_rtt = 50ms, .near_recheck = 1ms});
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
+  size_t next = 0;
+  while (next < kFiles / 3 && !engine_->stats().guesses_held_back) read_and_check(order[next++]);
+  ASSERT_TRUE(engine_->stats().guesses_held_back) << "after " << next << " reads";
+  const uint64_t prefetches = cache_->stats().prefetches;
+  // Reads go on without a pause; a recheck sends guesses again (more than the one proposal a
+  // hold may leave).
+  while (next < kFiles &&
+         !(engine_->stats().near_rechecks > 0 && cache_->stats().prefetches > prefetches + 1)) {
+    read_and_check(order[next++]);
+  }
+  EXPECT_GT(engine_->stats().near_rechecks, 0u);
+  EXPECT_GT(cache_->stats().prefetches, prefetches + 1) << "after " << next << " reads";
+  for (; next < kFiles; ++next) read_and_check(order[next]);
 }
 
 TEST_F(PrefetchEngineTest, RedisGoingAwayOnlyCostsThePrefetches) {
@@ -771,6 +800,27 @@ TEST(InflightControl, APathIsNearOnceAFewRepliesSayItsRoundTripIsShort) {
   EXPECT_TRUE(windows.all_near(near));
   windows.on_idle();
   EXPECT_FALSE(windows.all_near(near));
+}
+
+TEST(InflightControl, APathThatGrewFarIsNotNearOnceMeasuredAgain) {
+  using Clock = InflightControl::Clock;
+  InflightControl control(16, 8192);
+  Clock::time_point now{std::chrono::hours(1)};
+  const auto near = InflightControl::kNearRtt;
+  for (uint64_t i = 0; i < InflightControl::kBurstSample; ++i) control.on_rtt_sample(200us, now);
+  ASSERT_TRUE(control.near(near));
+  // The route grows to 20 ms: the smallest round trip so far still says near.
+  for (uint64_t i = 0; i < InflightControl::kBurstSample; ++i) {
+    control.on_rtt_sample(20ms, now += 1ms);
+  }
+  EXPECT_TRUE(control.near(near));
+  control.measure_base_again();
+  EXPECT_FALSE(control.near(near));  // not yet measured
+  for (uint64_t i = 0; i < InflightControl::kBurstSample; ++i) {
+    control.on_rtt_sample(20ms, now += 1ms);
+  }
+  EXPECT_FALSE(control.near(near));
+  EXPECT_NEAR(control.base_rtt_ms(), 20.0, 0.001);
 }
 
 TEST(InflightControl, FarFromTheServerSlowStartStillDoublesEachRoundTrip) {
