@@ -135,9 +135,12 @@ class PrefetchEngineTest : public ::testing::Test {
   test::TestRedisServer redis_{test::TestRedisOptions{.persist = true}};
   std::vector<DatasetSnapshot> datasets_;
   std::unique_ptr<DatasetTable> table_;  // of datasets_, made with the first engine
+  // A retry budget of 1 s, not the default 10: the tests that stop Redis wait for a prefetch to
+  // fail, which takes the whole budget (20 s of each CI stage before).
   store::Client client_{
       {redis_.endpoint()},
-      store::ClientOptions{.connect = {.connect_timeout = 500ms}, .connections_per_node = 4}};
+      store::ClientOptions{
+          .connect = {.connect_timeout = 500ms}, .connections_per_node = 4, .retry_budget = 1s}};
   ObjectFetcher fetcher_{client_, catalog::KeySchema("dsfs"), FetcherOptions{.timeout = 5s}};
   ObjectFetcher* engine_fetcher_ = &fetcher_;  // the engine's and the reader's
   std::unique_ptr<ObjectCache> cache_;
