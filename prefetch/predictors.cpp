@@ -128,6 +128,9 @@ RepeatPredictor::RepeatPredictor(const MountShape& shape) {
 }
 
 bool RepeatPredictor::observe(FileId file) {
+  // begin_epoch() indexes position_ with every file kept: none outside it.
+  const uint32_t d = dataset_of(file);
+  if (d >= position_.size() || entry_of(file) >= position_[d].size()) return false;
   // An epoch that never ends (a reader of a subset, forever) must not grow this without bound.
   if (current_.size() >= 2 * position_capacity_ + EpochTracker::kWindow) current_.clear();
   current_.push_back(file);
@@ -430,6 +433,10 @@ void PredictionModel::set_lookahead(size_t files) {
 
 bool PredictionModel::observe(FileId file) {
   ++accesses_;
+  // A file of another shape (a handle of the generation before a refresh, a dataset not
+  // predicted for) says nothing of this one's order, and the predictors' tables have no room
+  // for it.
+  if (!shape_.file(file)) return false;
   const bool new_epoch = epochs_.observe(file);
   if (new_epoch) begin_epoch(epochs_.carried_over());
   for (size_t i = 0; i < predictors_.size(); ++i) {

@@ -264,7 +264,8 @@ class PredictionModel {
  public:
   explicit PredictionModel(MountShape shape, uint64_t seed = 0x5eed);
 
-  // Records an access. True when it began a new epoch.
+  // Records an access. True when it began a new epoch. A file not in the shape (a handle of an
+  // earlier generation's catalogue, a dataset not predicted for) is counted and otherwise ignored.
   bool observe(FileId file);
   // The leader's next proposal, skipping files read this epoch; nullopt when it has none.
   std::optional<Proposal> propose();

@@ -199,6 +199,30 @@ TEST(Predictors, ARepeatedOrderIsLearnedFromTheLastEpoch) {
   EXPECT_GT(sim.hit_rate(), 0.95);
 }
 
+// Reads of files the model does not know (a file handle of the generation before a refresh,
+// whose catalogue was larger, or a dataset not predicted for) are not predicted for. The repeat
+// predictor once kept them for its next epoch and indexed its table with them there: the mount
+// crashed after a generation switch under random reads with a small cache.
+TEST(Predictors, ReadsOfFilesTheModelDoesNotKnowAreIgnoredAcrossEpochs) {
+  PredictionModel model(shape_with(400));
+  model.set_lookahead(50);
+  const std::vector<FileId> order = shuffled(files_of(model.shape()), 5);
+  const std::vector<FileId> unknown = {file_id(0, 2'000'000'000), file_id(0, 401'000),
+                                       file_id(7, 3), file_id(1'000'000, 1'000'000)};
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    for (size_t i = 0; i < order.size(); ++i) {
+      model.observe(order[i]);
+      if (i % 40 == 0) {
+        for (const FileId f : unknown) EXPECT_FALSE(model.observe(f));
+      }
+      for (int k = 0; k < 60 && model.propose(); ++k) {
+      }
+    }
+  }
+  EXPECT_GE(model.epochs().epoch(), 4u);
+  EXPECT_EQ(model.leader(), "repeat");  // the unknown reads did not spoil the order learned
+}
+
 TEST(Predictors, APlanLeadsAtOnceAndIsFollowedExactly) {
   PredictionModel model(shape_with(3000));
   model.set_lookahead(100);
