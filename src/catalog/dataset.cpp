@@ -639,13 +639,14 @@ uint64_t delete_generation(store::Client& client, const KeySchema& keys, const s
 uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std::string& name,
                         const std::function<void(uint64_t)>& progress) {
   validate_dataset_name(name);
-  // Anything left by a publish, a failed ingest or an interrupted rm counts as existing. The
-  // dataset's own keys share one slot; the datasets set is elsewhere on a cluster.
-  const long long keys_present = client
-                                     .command({"EXISTS", keys.info(name), keys.generations(name),
-                                               keys.next_generation(name), keys.readers(name)})
-                                     .expect_ok("EXISTS")
-                                     .integer();
+  // Anything left by a publish, a failed ingest or an interrupted rm counts as existing, but
+  // not the generation counter, which rm keeps. The dataset's own keys share one slot; the
+  // datasets set is elsewhere on a cluster.
+  const long long keys_present =
+      client
+          .command({"EXISTS", keys.info(name), keys.generations(name), keys.readers(name)})
+          .expect_ok("EXISTS")
+          .integer();
   const long long listed =
       client.command({"SISMEMBER", keys.datasets(), name}).expect_ok("SISMEMBER").integer();
   if (keys_present == 0 && listed == 0) throw_not_found(client, keys, name);
@@ -653,11 +654,13 @@ uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std:
   uint64_t deleted = 0;
   unlink_matching(client, keys.dataset_objects_pattern(name), deleted, progress);
   unlink_matching(client, keys.dataset_manifests_pattern(name), deleted, progress);
-  deleted += static_cast<uint64_t>(client
-                                       .command({"UNLINK", keys.generations(name),
-                                                 keys.next_generation(name), keys.readers(name)})
-                                       .expect_ok("UNLINK gens")
-                                       .integer());
+  // The generation counter stays: a dataset made again under this name must not reuse a
+  // generation number of this one, which mounts and disk caches would take for its objects
+  // (a key and a disk cache file are named by name, generation and object id).
+  deleted += static_cast<uint64_t>(
+      client.command({"UNLINK", keys.generations(name), keys.readers(name)})
+          .expect_ok("UNLINK gens")
+          .integer());
   client.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
   // The info hash goes last: while it exists, an interrupted rm can simply be run again.
   deleted += static_cast<uint64_t>(

@@ -143,7 +143,10 @@ std::vector<std::string> live_leases(store::Client& client, const KeySchema& key
                                      const std::string& name);
 
 // Removes every key of the dataset (info, manifests, objects of all generations, leases) in
-// batches, and its name from the datasets set. Throws DatasetNotFound if it does not exist.
+// batches, and its name from the datasets set, but for its generation counter (nextgen): a
+// dataset made again under the name goes on from the next generation number, never one the
+// removed dataset had. Throws DatasetNotFound if it does not exist (the counter alone does not
+// count).
 // progress(keys_deleted) is called after each batch.
 uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std::string& name,
                         const std::function<void(uint64_t)>& progress = {});
