@@ -643,8 +643,7 @@ uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std:
   // not the generation counter, which rm keeps. The dataset's own keys share one slot; the
   // datasets set is elsewhere on a cluster.
   const long long keys_present =
-      client
-          .command({"EXISTS", keys.info(name), keys.generations(name), keys.readers(name)})
+      client.command({"EXISTS", keys.info(name), keys.generations(name), keys.readers(name)})
           .expect_ok("EXISTS")
           .integer();
   const long long listed =
@@ -657,10 +656,10 @@ uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std:
   // The generation counter stays: a dataset made again under this name must not reuse a
   // generation number of this one, which mounts and disk caches would take for its objects
   // (a key and a disk cache file are named by name, generation and object id).
-  deleted += static_cast<uint64_t>(
-      client.command({"UNLINK", keys.generations(name), keys.readers(name)})
-          .expect_ok("UNLINK gens")
-          .integer());
+  deleted +=
+      static_cast<uint64_t>(client.command({"UNLINK", keys.generations(name), keys.readers(name)})
+                                .expect_ok("UNLINK gens")
+                                .integer());
   client.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
   // The info hash goes last: while it exists, an interrupted rm can simply be run again.
   deleted += static_cast<uint64_t>(
