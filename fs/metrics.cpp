@@ -248,6 +248,10 @@ void append_disk_tier(Exposition& x, const prefetch::DiskTierStats& t) {
             t.write_errors);
   x.counter("dsfs_disk_cache_checksum_failures_total",
             "Object files whose header, length or payload did not check out", t.checksum_failures);
+  x.counter("dsfs_disk_cache_stale_drops_total",
+            "Object files of the name and generation written for another ingest (or by a dsfs "
+            "that did not record it), dropped and read from Redis",
+            t.stale_drops);
   x.counter("dsfs_disk_cache_read_errors_total", "Object files that vanished or could not be read",
             t.read_errors);
   x.counter("dsfs_disk_cache_evictions_total", "Objects evicted from the disk tier", t.evictions);

@@ -178,6 +178,7 @@ nlohmann::ordered_json disk_tier_json(const std::optional<prefetch::DiskTierStat
           {"writes_dropped", t.writes_dropped},
           {"write_errors", t.write_errors},
           {"checksum_failures", t.checksum_failures},
+          {"stale_drops", t.stale_drops},
           {"read_errors", t.read_errors},
           {"direct_io", t.direct_io},
           {"page_cache_reads", t.page_cache_reads},

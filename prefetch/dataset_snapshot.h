@@ -1,5 +1,8 @@
 #pragma once
 // One dataset as a mount sees it: the generation that was current when it was loaded.
+#include <xxhash.h>
+
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +21,16 @@ struct DatasetSnapshot {
 
   const std::string& name() const { return info.name; }
   uint64_t generation() const { return info.generation; }
+  // Which ingest made this generation, never 0: a name and generation number alone can be made
+  // twice (in another namespace or Redis, or again after Redis lost its data), a manifest and
+  // its publish time hardly (the manifest holds every file's checksum unless ingested with
+  // `--checksum none`). What the disk tier checks its files against (DiskTierKey::ingest).
+  uint64_t ingest_identity() const {
+    const std::array<uint64_t, 3> fields = {info.generation, info.manifest_xxh64,
+                                            static_cast<uint64_t>(info.created_unix)};
+    const uint64_t identity = XXH3_64bits(fields.data(), sizeof fields);
+    return identity == 0 ? 1 : identity;
+  }
 };
 
 }  // namespace dsfs::prefetch

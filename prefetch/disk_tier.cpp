@@ -38,10 +38,13 @@ namespace dsfs::prefetch {
 namespace {
 
 constexpr std::array<char, 8> kMagic = {'D', 'S', 'F', 'S', 'T', 'I', 'E', 'R'};
-// Version 2 checksums with XXH3, version 1 (dsfs before it) with XXH64. Both are read: the
-// format is otherwise the same, and a tier written by an older dsfs stays warm. XXH3 hashes the
-// 110 KB of a typical image in about half the time, and a tier read hashes every byte it reads.
-constexpr uint32_t kVersion = 2;
+// Version 3 says which ingest wrote the object (DiskTierKey::ingest): its low 32 bits in the
+// header, all 64 as the seed of the payload's XXH3. Version 2 checksums with unseeded XXH3,
+// version 1 with XXH64; their files are served only where the ingest is not checked (0), since
+// they cannot tell one dataset of a name and generation from another. XXH3 hashes the 110 KB of
+// a typical image in about half the time of XXH64, and a tier read hashes every byte it reads.
+constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersionUnseeded = 2;
 constexpr uint32_t kVersionXxh64 = 1;
 constexpr size_t kHeaderBytes = 64;
 constexpr uint64_t kBlock = 4096;
@@ -92,18 +95,25 @@ struct Header {
   uint64_t generation = 0;
   uint64_t object_id = 0;
   uint32_t chunk = 0;
-  uint32_t reserved = 0;
+  uint32_t ingest_tag = 0;     // the low 32 bits of DiskTierKey::ingest (version 3; else 0)
   uint64_t header_digest = 0;  // over the bytes above and the dataset name
 };
 static_assert(sizeof(Header) == kHeaderBytes);
 
 bool known_version(uint32_t version) {
-  return version == kVersion || version == kVersionXxh64;
+  return version == kVersion || version == kVersionUnseeded || version == kVersionXxh64;
 }
 
-// The checksum of `size` bytes as a file of `version` (known_version) carries it.
-uint64_t digest_of(uint32_t version, const void* data, size_t size) {
-  return version == kVersionXxh64 ? XXH64(data, size, 0) : XXH3_64bits(data, size);
+// The checksum of `size` bytes as a file of `version` (known_version) carries it, for `ingest`.
+uint64_t digest_of(uint32_t version, const void* data, size_t size, uint64_t ingest) {
+  switch (version) {
+    case kVersionXxh64:
+      return XXH64(data, size, 0);
+    case kVersionUnseeded:
+      return XXH3_64bits(data, size);
+    default:
+      return XXH3_64bits_withSeed(data, size, ingest);
+  }
 }
 
 uint64_t digest_of_header(const Header& header, std::string_view name) {
@@ -852,6 +862,33 @@ void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::s
   erase_locked(id);
 }
 
+void DiskTier::drop_stale(const FileId& id, std::string_view dataset, bool old_format, int fd) {
+  struct stat read_file_stat {};
+  struct stat named_file_stat {};
+  const bool replaced = fd >= 0 && ::fstat(fd, &read_file_stat) == 0 &&
+                        (::stat(path_of(id).c_str(), &named_file_stat) != 0 ||
+                         named_file_stat.st_ino != read_file_stat.st_ino ||
+                         named_file_stat.st_dev != read_file_stat.st_dev);
+  std::lock_guard lock(mutex_);
+  ++stats_.misses;
+  if (replaced || !index_.contains(id)) return;
+  ++stats_.stale_drops;
+  // Once per mount and kind: a tier filled from another namespace or Redis has a file like this
+  // for every object, each rewritten as it is read from Redis.
+  bool& told = old_format ? told_old_format_ : told_other_ingest_;
+  if (!told) {
+    told = true;
+    spdlog::info(
+        "disk cache: {} of dataset '{}' generation {} {}; such files are read from Redis and "
+        "rewritten (stats.json disk_tier.stale_drops counts them)",
+        path_of(id).string(), store::log_text(dataset), id.generation,
+        old_format ? "was written by an older dsfs, which did not record which ingest made it"
+                   : "was written for another dataset of that name and generation (another "
+                     "namespace or Redis, or one made again after Redis lost its data)");
+  }
+  erase_locked(id);
+}
+
 bool DiskTier::holds(const DiskTierKey& key, uint64_t length) const {
   const FileId id = id_of(key, length);
   std::lock_guard lock(mutex_);
@@ -915,8 +952,13 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
     drop_bad(id, key.dataset, "its header does not match the object", true, fd.get());
     return nullptr;
   }
+  if (key.ingest != 0 &&
+      (header.version != kVersion || header.ingest_tag != static_cast<uint32_t>(key.ingest))) {
+    drop_stale(id, key.dataset, header.version != kVersion, fd.get());
+    return nullptr;
+  }
   const char* payload = block.get() + head_size;
-  if (digest_of(header.version, payload, length) != header.payload_digest) {
+  if (digest_of(header.version, payload, length, key.ingest) != header.payload_digest) {
     drop_bad(id, key.dataset, "its payload fails its checksum", true, fd.get());
     return nullptr;
   }
@@ -991,6 +1033,7 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
     buffer->set_awaiting_disk(true);  // the memory cache keeps it a little longer
     deferred_.push_back(Deferred{.id = id,
                                  .dataset = std::string(key.dataset),
+                                 .ingest = key.ingest,
                                  .buffer = buffer,
                                  .read_this_epoch = read_this_epoch});
     work_.notify_one();
@@ -1000,6 +1043,7 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
   queued_.insert(id);
   queue_.push_back(Write{.id = id,
                          .dataset = std::string(key.dataset),
+                         .ingest = key.ingest,
                          .buffer = std::move(buffer),
                          .read_this_epoch = read_this_epoch});
   work_.notify_one();
@@ -1043,6 +1087,7 @@ std::optional<DiskTier::Write> DiskTier::next_write_locked() {
     stats_.queued_bytes += buffer->size();
     return Write{.id = deferred.id,
                  .dataset = std::move(deferred.dataset),
+                 .ingest = deferred.ingest,
                  .buffer = std::move(buffer),
                  .read_this_epoch = deferred.read_this_epoch};
   }
@@ -1081,10 +1126,11 @@ void DiskTier::write_one(const Write& write) {
   Header header;
   header.name_length = static_cast<uint32_t>(write.dataset.size());
   header.payload_length = payload.size();
-  header.payload_digest = digest_of(header.version, payload.data(), payload.size());
+  header.payload_digest = digest_of(header.version, payload.data(), payload.size(), write.ingest);
   header.generation = id.generation;
   header.object_id = id.object_id;
   header.chunk = id.chunk;
+  header.ingest_tag = static_cast<uint32_t>(write.ingest);
   header.header_digest = digest_of_header(header, write.dataset);
   std::string head(reinterpret_cast<const char*>(&header), kHeaderBytes);
   head += write.dataset;

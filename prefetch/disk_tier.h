@@ -30,12 +30,16 @@ namespace dsfs::prefetch {
 
 // Which object: one chunk of one object of one generation of a dataset, by name (the RAM cache's
 // dataset index means nothing to another mount). The generation is part of the key, so a
-// re-ingested dataset never finds the old generation's bytes.
+// re-ingested dataset never finds the old generation's bytes. A name and generation alone do
+// not say which ingest made them (another namespace or Redis, or a dataset made again after
+// Redis lost its data, has the same): `ingest` does (DatasetSnapshot::ingest_identity), and a
+// file written for another is not served (dropped, counted in stale_drops, read from Redis).
 struct DiskTierKey {
   std::string_view dataset;
   uint64_t generation = 0;
   uint64_t object_id = 0;
   uint32_t chunk = 0;
+  uint64_t ingest = 0;  // 0: not checked (tests and benches of the tier alone)
 };
 
 struct DiskTierOptions {
@@ -81,7 +85,10 @@ struct DiskTierStats {
   uint64_t writes_dropped = 0;     // deferred, and gone from memory before a writer was free
   uint64_t write_errors = 0;       // ENOSPC, EIO, a vanished directory...
   uint64_t checksum_failures = 0;  // a file whose header, length or payload did not check out
-  uint64_t read_errors = 0;        // a file that vanished or could not be read
+  // Files of the object's name and generation written for another ingest (DiskTierKey::ingest),
+  // or by a dsfs before ingests were told apart: dropped, the object read from Redis.
+  uint64_t stale_drops = 0;
+  uint64_t read_errors = 0;  // a file that vanished or could not be read
   // Each hit was read one of two ways: through the page cache (a file it held whole, or every
   // read when direct_io is off) or with O_DIRECT from the disk.
   uint64_t page_cache_reads = 0;
@@ -223,12 +230,14 @@ class DiskTier {
   struct Write {
     FileId id;
     std::string dataset;
+    uint64_t ingest = 0;
     ObjectBuffer buffer;
     bool read_this_epoch = true;
   };
   struct Deferred {
     FileId id;
     std::string dataset;
+    uint64_t ingest = 0;
     std::weak_ptr<const ObjectData> buffer;
     bool read_this_epoch = true;
   };
@@ -270,6 +279,12 @@ class DiskTier {
   FileId victim_locked();
   // Moves an entry to the end of lru_ or read_this_epoch_; mutex_ held.
   void place_locked(Entry& entry, bool read_this_epoch);
+  // A file of the object's name and generation written for another ingest, or in a format that
+  // does not say (old_format): dropped, counted, logged once per kind. Nothing counted if it was
+  // replaced meanwhile (as drop_bad).
+  void drop_stale(const FileId& id, std::string_view dataset, bool old_format, int fd);
+  bool told_old_format_ = false;    // mutex_
+  bool told_other_ingest_ = false;  // mutex_
   // A newer generation of `dataset` exists: its older generations' files go first; mutex_ held.
   void note_generation_locked(uint64_t dataset, uint64_t generation);
   // Whether to read the open file `fd` (`file_size` bytes) with O_DIRECT: direct reads are on

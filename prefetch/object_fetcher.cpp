@@ -41,7 +41,8 @@ DiskTierKey disk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t ch
   return DiskTierKey{.dataset = dataset.name(),
                      .generation = dataset.generation(),
                      .object_id = dataset.catalog->entry(entry).object_id,
-                     .chunk = chunk};
+                     .chunk = chunk,
+                     .ingest = dataset.ingest_identity()};
 }
 
 }  // namespace

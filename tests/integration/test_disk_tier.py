@@ -290,6 +290,39 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(tier["hits"], 0)
         self.assertEqual(tier["checksum_failures"], 0)
 
+    def test_a_dataset_removed_and_made_again_is_served_its_new_bytes(self):
+        # Files of the same names and sizes, other bytes: nothing but the generation tells the
+        # two datasets apart. rm once deleted the generation counter, the new dataset was
+        # generation 1 again, and the tier served the removed dataset's bytes for it.
+        self.fill_tier()
+        self.dsfs("rm", "dt")
+        for rel, data in list(self.files.items()):
+            self.files[rel] = bytes(b ^ 0x5A for b in data)
+            with open(os.path.join(self.src, rel), "wb") as f:
+                f.write(self.files[rel])
+        self.dsfs("ingest", self.src, "--dataset", "dt", "--progress", "none")
+        mnt = self.mount_with_tier()
+        self.epoch(mnt, seed=3)
+        self.assertEqual(self.stats(mnt)["disk_tier"]["hits"], 0)
+        self.assertGreater(json.loads(self.dsfs("info", "dt", "--json").stdout)["generation"], 1)
+
+    def test_a_tier_filled_from_another_namespace_serves_none_of_its_bytes(self):
+        # The same name and generation (1) in two namespaces, the same sizes, other bytes: the
+        # files record which ingest wrote them, and the other's are dropped, not served.
+        self.fill_tier()
+        for rel, data in list(self.files.items()):
+            self.files[rel] = bytes(b ^ 0xA5 for b in data)
+            with open(os.path.join(self.src, rel), "wb") as f:
+                f.write(self.files[rel])
+        self.dsfs("ingest", self.src, "--dataset", "dt", "--namespace", "other", "--progress",
+                  "none")
+        mnt = self.mount_with_tier("--namespace", "other")
+        self.epoch(mnt, seed=4)
+        tier = self.stats(mnt)["disk_tier"]
+        self.assertEqual(tier["hits"], 0)
+        self.assertGreater(tier["stale_drops"], 0)
+        self.assertEqual(tier["checksum_failures"], 0)
+
     def test_a_second_mount_on_the_same_directory_is_refused(self):
         self.mount_with_tier()
         other = os.path.join(self.tmp, "other")

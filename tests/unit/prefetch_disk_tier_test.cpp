@@ -185,6 +185,33 @@ TEST_F(DiskTierTest, AnotherGenerationOrDatasetIsAnotherObject) {
   EXPECT_NE(tier->get(key(7, 1), 1000), nullptr);
 }
 
+// A name and generation can be made twice: by another namespace or Redis whose mounts share the
+// tier, or again after Redis lost its data. Before the ingest was recorded, the tier served the
+// first one's bytes for the second (same names, same sizes, other bytes).
+TEST_F(DiskTierTest, AFileWrittenForAnotherIngestOfTheNameAndGenerationIsNotServed) {
+  auto tier = open();
+  DiskTierKey first = key(7);
+  first.ingest = 0x1111'2222'3333'4444;
+  DiskTierKey second = first;
+  second.ingest = 0x5555'6666'7777'8888;
+  ASSERT_TRUE(tier->put(first, object(1000, 1)));
+  tier->flush();
+  EXPECT_EQ(bytes_of(tier->get(first, 1000)), test::pattern_bytes(1000, 1));
+  EXPECT_EQ(tier->get(second, 1000), nullptr);
+  EXPECT_EQ(tier->stats().stale_drops, 1u);
+  EXPECT_EQ(tier->stats().checksum_failures, 0u);
+  // Read from Redis instead and written again: now the second's.
+  ASSERT_TRUE(tier->put(second, object(1000, 2)));
+  tier->flush();
+  EXPECT_EQ(bytes_of(tier->get(second, 1000)), test::pattern_bytes(1000, 2));
+  // The same low 32 bits: the payload's checksum, seeded with all 64, tells them apart.
+  DiskTierKey third = second;
+  third.ingest = second.ingest + (uint64_t{1} << 32);
+  EXPECT_EQ(tier->get(third, 1000), nullptr);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  EXPECT_EQ(tier->stats().stale_drops, 1u);
+}
+
 TEST_F(DiskTierTest, TheIndexSurvivesCloseAndReopen) {
   {
     auto tier = open();
@@ -728,7 +755,8 @@ TEST_F(DiskTierTest, NewFilesCarryXxh3Checksums) {
   fill(*tier, 1, 1, 3000);
   const std::string file = test::read_file(tier->path_of(key(1), 3000));
   ASSERT_EQ(file.size(), L::kBytes + 4 + 3000);
-  EXPECT_EQ(field<uint32_t>(file, L::kVersion), 2u);
+  EXPECT_EQ(field<uint32_t>(file, L::kVersion), 3u);
+  // Seeded with the ingest (0 here, the tests' keys: the same as unseeded).
   EXPECT_EQ(field<uint64_t>(file, L::kPayloadDigest),
             XXH3_64bits(file.data() + L::kBytes + 4, 3000));
   const std::string covered = file.substr(0, L::kHeaderDigest) + "imgs";
@@ -761,6 +789,11 @@ TEST_F(DiskTierTest, FilesOfTheFirstFormatAreStillReadAndChecked) {
   const DiskTierContents contents = inspect_disk_tier(dir_.path() / "tier");
   ASSERT_EQ(contents.generations.size(), 1u);
   EXPECT_EQ(contents.generations[0].dataset, "imgs");
+  // It does not say which ingest wrote it: a mount that checks (every mount) drops it.
+  DiskTierKey checked = key(1);
+  checked.ingest = 42;
+  EXPECT_EQ(tier->get(checked, 3000), nullptr);
+  EXPECT_EQ(tier->stats().stale_drops, 1u);
 }
 
 TEST_F(DiskTierTest, WriterThreadsCarryTheirNames) {
