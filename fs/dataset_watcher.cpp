@@ -156,6 +156,7 @@ void DatasetWatcher::pass(const std::set<std::string>* update, int& error, PassR
   for (const prefetch::DatasetSnapshot* d : tree_.listing()->datasets) {
     if (published.contains(d->name())) continue;
     tree_.unlist(d->name());
+    d->mark_gone();  // its keys may come back holding another dataset's objects
     drop_lease(d->name(), d->generation());
     changed.push_back(d->name());
     ++counted.removed;
@@ -205,6 +206,28 @@ void DatasetWatcher::pass(const std::set<std::string>* update, int& error, PassR
       if (list_current(name, nullptr)) {
         changed.push_back(name);
         ++counted.added;
+      }
+      continue;
+    }
+    // Removed and made again since the last pass (rm and ingest, or Redis lost its data): a
+    // generation number that went down, or the one shown made by another ingest. Its keys are
+    // gone or hold the new dataset's objects, so it cannot be served a moment longer.
+    const bool made_again = info.generation < listed->generation() ||
+                            (info.generation == listed->generation() &&
+                             prefetch::ingest_identity(info) != listed->ingest_identity());
+    if (made_again) {
+      listed->mark_gone();
+      spdlog::warn(
+          "dataset '{}' generation {} was removed from Redis and made again (now generation "
+          "{}); the mount shows the new one, and files opened before fail with EIO",
+          store::log_text(name), listed->generation(), info.generation);
+      if (list_current(name, listed)) {
+        changed.push_back(name);
+        ++counted.refreshed;
+      } else {
+        tree_.unlist(name);
+        changed.push_back(name);
+        ++counted.removed;
       }
       continue;
     }
@@ -284,7 +307,11 @@ bool DatasetWatcher::list_current(const std::string& name,
     return false;
   }
   skipped_.erase(name);
-  if (replacing) {
+  if (replacing && replacing->gone()) {
+    drop_lease(name, replacing->generation());
+    spdlog::info("dataset '{}' now shows generation {} ({} files), made again",
+                 store::log_text(name), generation, files);
+  } else if (replacing) {
     drop_lease(name, replacing->generation());
     spdlog::info(
         "dataset '{}' now shows generation {} ({} files); files opened before keep reading "

@@ -97,6 +97,14 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_chunks(const DatasetSnapshot& dat
 std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot& dataset,
                                                           uint32_t entry,
                                                           std::span<const uint32_t> chunks) {
+  if (dataset.gone()) {
+    throw IntegrityError(
+        IntegrityError::Kind::kMissing,
+        fmt::format("dataset '{}' generation {} was removed from Redis or made again there after "
+                    "this file was opened, so its objects are not fetched any more; open the "
+                    "file again to read the dataset as the mount shows it now",
+                    store::log_text(dataset.name()), dataset.generation()));
+  }
   std::vector<std::string> keys;
   keys.reserve(chunks.size());
   for (const uint32_t chunk : chunks) keys.push_back(chunk_key(dataset, entry, chunk));

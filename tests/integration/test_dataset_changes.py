@@ -3,6 +3,7 @@ and a real FUSE mount. A dataset ingested after the mount appears (names the ker
 as missing included), `dsfs rm` makes one vanish, and a re-ingested one keeps its generation
 until `dsfs refresh` (or --follow-updates), while a file opened before keeps the bytes of the
 generation it was opened in."""
+import errno
 import json
 import os
 import random
@@ -118,6 +119,37 @@ class DatasetChangeTest(DsfsTestCase):
         self.assertEqual(stats["watch"]["pending"], {})
         again = self.dsfs("refresh", mnt, redis=False)
         self.assertIn("ds: generation 2, already current", again.stdout)
+
+    def test_a_dataset_made_again_after_redis_lost_its_data_never_mixes_into_an_open_file(self):
+        # Redis loses everything (the generation counter too) and the dataset is made again:
+        # generation 1 again, the same names and sizes, other bytes under the same keys. Before,
+        # the mount took it for the generation it served: an open file read on into the new
+        # bytes, and `dsfs refresh` said "already current".
+        src, old = self.write_tree("v1", 5, {"d/big.bin": BIG, "d/small.bin": 500})
+        self.dsfs("ingest", src, "--dataset", "ds")
+        # No poll of its own within the test: the refresh below is the pass that sees it all.
+        mnt = self.mount("--watch-interval", "3600", "--prefetch", "off")
+        path = os.path.join(mnt, "ds", "d", "big.bin")
+        with open(path, "rb", buffering=0) as held:
+            head = held.read(100_000)
+            self.assertEqual(head, old["d/big.bin"][:100_000])
+            self.redis.cli("FLUSHALL")
+            src2, new = self.write_tree("v2", 6, {"d/big.bin": BIG, "d/small.bin": 500})
+            self.dsfs("ingest", src2, "--dataset", "ds")
+            self.dsfs("refresh", mnt, "ds", redis=False)
+            self.assertEqual(self.read(path), new["d/big.bin"])
+            self.assertEqual(self.read(os.path.join(mnt, "ds", "d", "small.bin")),
+                             new["d/small.bin"])
+            # Opened before: its own bytes (what was cached), then EIO; never the new ones.
+            rest = b""
+            try:
+                while chunk := held.read(1 << 20):
+                    rest += chunk
+            except OSError as e:
+                self.assertEqual(e.errno, errno.EIO)
+            self.assertEqual(head + rest, old["d/big.bin"][:len(head) + len(rest)])
+            self.assertLess(len(head) + len(rest), BIG)  # its objects are not fetched again
+        self.assertEqual(self.stats(mnt)["watch"]["refreshed"], 1)
 
     def test_refresh_names_what_is_wrong(self):
         src, _ = self.write_tree("v1", 5, {"f.bin": 10})

@@ -118,6 +118,30 @@ TEST_F(DatasetWatcherTest, APollThatFollowsUpdatesAnnouncesAfterTheListenerToo) 
   watcher.stop();
 }
 
+// Redis lost its data and the dataset was made again: generation 1 again, other bytes of the
+// same length under the same keys. A pass shows the new one, and the old snapshot fetches
+// nothing more (its keys hold the new one's objects). Before, the pass saw generation 1 still
+// current and kept it: files read the new objects under the old paths, mixed with cached ones.
+TEST_F(DatasetWatcherTest, ADatasetMadeAgainUnderItsGenerationNumberIsShownAnewAndTheOldIsGone) {
+  DatasetWatcher watcher(tree, client, catalog::KeySchema("dsfs"),
+                         WatchOptions{.names = {}, .interval = 0ms}, nullptr,
+                         [](const std::vector<std::string>&) {});
+  const uint32_t old_index = *tree.find(kDataset);
+  client.command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  ASSERT_EQ(publish(client, "new bytes"), first);  // the counter went with the data
+  ASSERT_EQ(watcher.refresh({kDataset}), 0);
+  const uint32_t new_index = *tree.find(kDataset);
+  EXPECT_NE(new_index, old_index);
+  EXPECT_TRUE(tree.dataset(old_index)->gone());
+  EXPECT_FALSE(tree.dataset(new_index)->gone());
+  EXPECT_EQ(watcher.stats().refreshed, 1u);
+  // Removed: unlisted, and gone too.
+  client.command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  ASSERT_EQ(watcher.refresh({}), 0);
+  EXPECT_FALSE(tree.find(kDataset).has_value());
+  EXPECT_TRUE(tree.dataset(new_index)->gone());
+}
+
 TEST(DatasetWatcherFailingPass, WhatAPassChangedBeforeItFailedIsStillAnnounced) {
   test::TestRedisServer redis;
   store::Client client(std::vector{redis.endpoint()});
