@@ -14,6 +14,7 @@
 #include "src/catalog/names.h"
 #include "src/store/client.h"
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 #include "tools/progress.h"
 
 namespace dsfs::tools {
@@ -151,7 +152,9 @@ void info_command(const cli::GlobalOptions& global, const std::string& name, boo
   fmt::print("previous generation: {}\n",
              info.previous_generation ? std::to_string(info.previous_generation) : "none");
   fmt::print("created:             {}\n", format_time(info.created_unix));
-  fmt::print("source:              {}\n", info.source);
+  // The path as given at ingest: any bytes, shown escaped (a terminal control sequence in a
+  // directory name would otherwise reach the terminal).
+  fmt::print("source:              {}\n", store::log_text(info.source, 4096));
   fmt::print("chunk size:          {} bytes\n", format_count(info.chunk_size));
   fmt::print("manifest:            {} chunks, {} bytes, xxh64 {:016x}\n", info.manifest_chunks,
              format_count(info.manifest_bytes), info.manifest_xxh64);

@@ -168,18 +168,18 @@ SourceKind detect_source_kind(const std::filesystem::path& source) {
   const auto status = std::filesystem::status(source, error);
   if (error || !std::filesystem::exists(status)) {
     if (error && error != std::errc::no_such_file_or_directory) {
-      throw std::runtime_error(
-          fmt::format("cannot access source '{}': {}", source.string(), error.message()));
+      throw std::runtime_error(fmt::format("cannot access source '{}': {}",
+                                           store::log_text(source.string()), error.message()));
     }
     throw std::runtime_error(
         fmt::format("source '{}' does not exist; give a directory, a tar archive or a file of URLs",
-                    source.string()));
+                    store::log_text(source.string())));
   }
   if (std::filesystem::is_directory(status)) return SourceKind::kDirectory;
   if (!std::filesystem::is_regular_file(status)) {
     throw std::runtime_error(fmt::format(
         "source '{}' is a special file; give a directory, a tar archive or a file of URLs",
-        source.string()));
+        store::log_text(source.string())));
   }
   if (has_archive_extension(source.filename().string())) return SourceKind::kArchive;
 
@@ -206,7 +206,7 @@ SourceKind detect_source_kind(const std::filesystem::path& source) {
   throw std::runtime_error(fmt::format(
       "source '{}' is neither a directory, an archive libarchive can read, nor a list of "
       "http(s) URLs (one per line, '#' comments allowed)",
-      source.string()));
+      store::log_text(source.string())));
 }
 
 std::string normalize_relative_path(std::string_view path, std::string_view context) {
@@ -218,8 +218,8 @@ std::string normalize_relative_path(std::string_view path, std::string_view cont
     rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
     if (component.empty() || component == ".") continue;
     if (component == "..") {
-      throw std::invalid_argument(
-          fmt::format("{}: path '{}' climbs out of the dataset with '..'", context, path));
+      throw std::invalid_argument(fmt::format("{}: path '{}' climbs out of the dataset with '..'",
+                                              context, store::log_text(path)));
     }
     if (!catalog::is_valid_path_component(component)) {
       throw std::invalid_argument(

@@ -23,7 +23,8 @@ namespace {
 constexpr size_t kReadBlockBytes = 1 << 20;
 
 std::runtime_error errno_error(std::string_view what, const std::string& path, int error) {
-  return std::runtime_error(fmt::format("{} '{}': {}", what, path, std::strerror(error)));
+  return std::runtime_error(
+      fmt::format("{} '{}': {}", what, store::log_text(path), std::strerror(error)));
 }
 
 std::string_view file_type_name(mode_t mode) {
@@ -138,8 +139,9 @@ class DirectorySource final : public Source {
           relative_dir.empty() ? child.name : relative_dir + '/' + child.name;
       const std::string path = absolute(relative);
       if (!catalog::is_valid_path_component(child.name)) {
-        throw std::runtime_error(fmt::format(
-            "cannot ingest '{}': its name is not a valid path component (1-255 bytes)", path));
+        throw std::runtime_error(
+            fmt::format("cannot ingest '{}': its name is not a valid path component (1-255 bytes)",
+                        store::log_text(path)));
       }
       struct stat st = child.st;
       if (S_ISLNK(st.st_mode)) {
@@ -149,13 +151,15 @@ class DirectorySource final : public Source {
           continue;
         }
         if (::stat(path.c_str(), &st) != 0) {
-          spdlog::warn("skipping '{}': dangling symlink ({})", path, std::strerror(errno));
+          spdlog::warn("skipping '{}': dangling symlink ({})", store::log_text(path),
+                       std::strerror(errno));
           ++contents.skipped;
           continue;
         }
         check_link_target(path);
         if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
-          spdlog::warn("skipping '{}': symlink to a {}", path, file_type_name(st.st_mode));
+          spdlog::warn("skipping '{}': symlink to a {}", store::log_text(path),
+                       file_type_name(st.st_mode));
           ++contents.skipped;
           continue;
         }
@@ -164,7 +168,7 @@ class DirectorySource final : public Source {
         const DirectoryId id{st.st_dev, st.st_ino};
         if (std::find(ancestors.begin(), ancestors.end(), id) != ancestors.end()) {
           spdlog::warn("skipping '{}': it leads back to a directory that contains it (a loop)",
-                       path);
+                       store::log_text(path));
           ++contents.skipped;
           continue;
         }
@@ -182,7 +186,7 @@ class DirectorySource final : public Source {
         file.mode = st.st_mode & 07777u;
         contents.files.push_back(std::move(file));
       } else {
-        spdlog::warn("skipping '{}': {}", path, file_type_name(st.st_mode));
+        spdlog::warn("skipping '{}': {}", store::log_text(path), file_type_name(st.st_mode));
         ++contents.skipped;
       }
     }
@@ -219,7 +223,7 @@ class DirectorySource final : public Source {
     if (::fstat(fd.get(), &st) != 0) throw errno_error("cannot stat", path, errno);
     if (!S_ISREG(st.st_mode)) {
       throw std::runtime_error(
-          fmt::format("'{}' stopped being a regular file while ingesting", path));
+          fmt::format("'{}' stopped being a regular file while ingesting", store::log_text(path)));
     }
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     ObjectStream stream(sink, file.object_id, options_.chunk_size, options_.checksum, file.size);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "src/catalog/names.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::catalog {
 namespace {
@@ -135,7 +136,8 @@ void CatalogBuilder::set_classes(std::vector<std::string> classes) {
     // classes.txt holds one class per line.
     if (c.empty() || c.size() > 4096 || c.find_first_of(std::string_view("\n\0", 2)) != c.npos) {
       throw std::invalid_argument(
-          fmt::format("invalid class name '{}': must be 1-4096 bytes without newline or NUL", c));
+          fmt::format("invalid class name '{}': must be 1-4096 bytes without newline or NUL",
+                      store::log_text(c)));
     }
   }
   classes_ = std::move(classes);

@@ -47,6 +47,12 @@ void validate_new_dataset_name(std::string_view name) {
         "directories (.dsfs, .meta, .views); choose a name that begins with a letter or digit",
         name));
   }
+  if (name.starts_with('-')) {
+    throw std::invalid_argument(fmt::format(
+        "dataset name '{}' begins with '-', which every command line takes for an option "
+        "(`dsfs info {}` would fail); choose a name that begins with a letter or digit",
+        name, name));
+  }
 }
 
 bool is_valid_path_component(std::string_view component) {

@@ -13,7 +13,8 @@ void validate_dataset_name(std::string_view name);
 // .meta, .views, and any added later): a dataset under such a name could not be mounted beside
 // them. Existing datasets with such names can still be listed, read and removed.
 bool is_reserved_dataset_name(std::string_view name);
-// validate_dataset_name, and refuses a reserved name: for a dataset about to be created.
+// validate_dataset_name, and refuses a reserved name or one beginning with '-' (an option to every
+// command line): for a dataset about to be created.
 // Throws std::invalid_argument naming it and what to do.
 void validate_new_dataset_name(std::string_view name);
 

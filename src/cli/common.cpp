@@ -32,6 +32,13 @@ void add_global_options(CLI::App& sub, GlobalOptions& options) {
                  "--shards` while it runs, else the embedded server under $DSFS_HOME, started "
                  "when needed")
       ->envname("DSFS_REDIS")
+      // `--redis "$UNSET"` would otherwise be no --redis at all, and a job meant for a shared
+      // Redis would ingest into (or mount) the embedded one without a word.
+      ->check([](const std::string& url) -> std::string {
+        if (!url.empty()) return "";
+        return "an empty URL names no Redis (a variable that is not set?); give one, or leave "
+               "--redis out to use $DSFS_REDIS or the embedded server";
+      })
       ->group(kGroup);
   sub.add_option("--redis-password-file", options.redis_password_file,
                  "File whose first line is the Redis password (keep it mode 0600): the safe way "

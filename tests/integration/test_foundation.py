@@ -321,6 +321,16 @@ class CommandErrorsTest(DsfsTestCase):
             res = self.dsfs(*args, check=False)
             self.assertNotEqual(res.returncode, 0, args)
             self.assertTrue(res.stderr.strip(), args)
+        # A name beginning with '-' is taken for an option by every later command.
+        res = self.dsfs("ingest", SOURCE, "--dataset=-dash", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("begins with '-'", res.stderr)
+        # An empty --redis (an unset variable) is refused, not taken for no --redis (the
+        # embedded server, started in this test's DSFS_HOME).
+        res = self.dsfs("ingest", SOURCE, "--dataset", "x", "--redis", "", check=False,
+                        redis=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("empty URL", res.stderr)
         self.assertEqual(self.redis.cli("DBSIZE").strip(), "0")
 
     def test_failed_ingest_keeps_previous_generation(self):

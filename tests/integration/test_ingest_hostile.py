@@ -191,6 +191,29 @@ class SymlinkIngestTest(DsfsTestCase):
                 self.assertEqual(self.file_count(name), 1)
 
 
+    def test_names_with_control_bytes_reach_no_terminal_unescaped(self):
+        # A directory named with an escape sequence and a newline: each warning about what is
+        # skipped in it, and `dsfs info`'s source, show them escaped. Before, the dangling-link,
+        # fifo and loop warnings, the missing-source error and the source line printed them raw.
+        evil = os.path.join(self.src, "cls", "ev\x1b[2Jil\ndir")  # not a class: a subfolder
+        os.makedirs(evil)
+        os.symlink("nowhere", os.path.join(evil, "dangling.jpg"))
+        os.mkfifo(os.path.join(evil, "pipe.jpg"))
+        os.symlink("..", os.path.join(evil, "loop"))
+        res = self.dsfs("ingest", self.src, "--dataset", "odd")
+        for what in ("dangling.jpg", "pipe.jpg", "loop"):
+            self.assertIn(f"ev\\x1b[2Jil\\ndir/{what}", res.stderr)
+        self.assertNotIn("\x1b", res.stderr)
+        missing = self.dsfs("ingest", evil + "-missing", "--dataset", "odd2", check=False)
+        self.assertNotEqual(missing.returncode, 0)
+        self.assertIn("does not exist", missing.stderr)
+        self.assertNotIn("\x1b", missing.stderr)
+        self.dsfs("ingest", evil, "--dataset", "odd3")  # all of it skipped: no files
+        info = self.dsfs("info", "odd3").stdout
+        self.assertIn("ev\\x1b[2Jil\\ndir", info)
+        self.assertNotIn("\x1b", info)
+
+
 class TricklingHandler(BaseHTTPRequestHandler):
     """Announces 200 bytes, then sends one every 0.3 s (a server that never quite stalls)."""
     stop = threading.Event()

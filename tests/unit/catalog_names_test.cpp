@@ -38,6 +38,22 @@ TEST(DatasetName, ValidateThrowsWithTheNameAndTheRule) {
   }
 }
 
+// A name beginning with '-' was accepted, and then `dsfs info -x` failed ("NAME is required"):
+// every command line takes it for an option. Existing ones stay readable.
+TEST(DatasetName, ANewNameMayNotBeginWithADash) {
+  EXPECT_TRUE(is_valid_dataset_name("-x"));
+  EXPECT_NO_THROW(validate_dataset_name("-x"));
+  EXPECT_NO_THROW(validate_new_dataset_name("x-"));
+  for (const char* name : {"-x", "--dash", "-"}) {
+    try {
+      validate_new_dataset_name(name);
+      FAIL() << "expected invalid_argument for " << name;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("begins with '-'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(PathComponent, AcceptsAnyBytesButSlashAndNul) {
   EXPECT_TRUE(is_valid_path_component("img 01.JPEG"));
   EXPECT_TRUE(is_valid_path_component("ünïcödé ✓"));
