@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 // The hash states' layouts, so that digest_of_header keeps them on the stack.
@@ -748,8 +749,23 @@ void DiskTier::rebuild_index() {
     if (it->generation < newest_generation_[it->dataset]) lru_.splice(lru_.begin(), lru_, it);
     it = next;
   }
+  // A filesystem with less room than asked for: the tier keeps to what it has (its own files
+  // included), or every write past it would fail with ENOSPC and nothing would be evicted.
+  struct statvfs fs {};
+  // (A filesystem without a size, such as ramfs, says 0 blocks: no bound known.)
+  if (::statvfs(options_.dir.c_str(), &fs) == 0 && fs.f_blocks > 0) {
+    const uint64_t room = stats_.bytes_used + static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    if (room < stats_.capacity_bytes) {
+      stats_.capacity_bytes = room / 20 * 19;  // 5% for the index, directories, other writers
+      spdlog::warn(
+          "disk cache {}: its filesystem has room for {} MiB (the tier's files included), less "
+          "than the {} MiB asked for; the tier keeps to {} MiB",
+          options_.dir.string(), room >> 20, options_.capacity_bytes >> 20,
+          stats_.capacity_bytes >> 20);
+    }
+  }
   // Made with a larger capacity before.
-  while (stats_.bytes_used > options_.capacity_bytes && !lru_.empty()) {
+  while (stats_.bytes_used > stats_.capacity_bytes && !lru_.empty()) {
     erase_locked(lru_.front());
     ++stats_.evictions;
   }
@@ -758,8 +774,8 @@ void DiskTier::rebuild_index() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("disk cache {}: {} objects, {} MiB of {} MiB ({} in {:.2f} s){}",
                options_.dir.string(), index_.size(), stats_.bytes_used >> 20,
-               options_.capacity_bytes >> 20,
-               stats_.index_loaded ? "index loaded" : "objects listed", stats_.open_seconds,
+               stats_.capacity_bytes >> 20, stats_.index_loaded ? "index loaded" : "objects listed",
+               stats_.open_seconds,
                stats_.stale_temp_files > 0
                    ? fmt::format("; removed {} unfinished writes", stats_.stale_temp_files)
                    : "");
@@ -1010,7 +1026,7 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
   const uint64_t bytes = on_disk_bytes(id.file_size);
   std::lock_guard lock(mutex_);
   if (stopping_ || index_.contains(id) || queued_.contains(id)) return false;
-  if (bytes > options_.capacity_bytes) {
+  if (bytes > stats_.capacity_bytes) {
     ++stats_.too_large;
     return false;
   }
@@ -1146,8 +1162,7 @@ void DiskTier::write_one(const Write& write) {
     // The first file evicted becomes this one (renamed to its temporary name, then rewritten):
     // a full tier writes without creating and deleting an inode per object, which on an ext4
     // without a journal costs a walk past every inode deleted in the last minute.
-    while (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes &&
-           !index_.empty()) {
+    while (stats_.bytes_used + reserved_bytes_ + bytes > stats_.capacity_bytes && !index_.empty()) {
       const FileId victim = victim_locked();
       if (reused_size) {
         erase_locked(victim);
@@ -1157,7 +1172,7 @@ void DiskTier::write_one(const Write& write) {
       }
       ++stats_.evictions;
     }
-    if (stats_.bytes_used + reserved_bytes_ + bytes > options_.capacity_bytes) {
+    if (stats_.bytes_used + reserved_bytes_ + bytes > stats_.capacity_bytes) {
       ++stats_.writes_dropped;  // the rest of the tier is being written by the other writers
       if (reused_size) ::unlink(temp.c_str());
       return;
@@ -1200,15 +1215,25 @@ void DiskTier::write_one(const Write& write) {
   if (error != 0) {
     ::unlink(temp.c_str());
     ++stats_.write_errors;
-    // A full or failing disk fails every write alike: one line per change of errno.
-    if (error != last_write_errno_) {
+    // A full or failing disk fails every write alike: one line per errno for the mount.
+    if (std::find(write_errnos_logged_.begin(), write_errnos_logged_.end(), error) ==
+        write_errnos_logged_.end()) {
+      write_errnos_logged_.push_back(error);
       spdlog::warn("disk cache: cannot write {}: {}; objects not written are read from Redis",
                    path.string(), std::strerror(error));
-      last_write_errno_ = error;
+    }
+    // The filesystem is full below the tier's capacity (other files took the room): the tier
+    // keeps to what it holds now, so later writes evict to make room instead of failing.
+    if ((error == ENOSPC || error == EDQUOT) && stats_.bytes_used < stats_.capacity_bytes) {
+      spdlog::warn(
+          "disk cache {}: its filesystem is full with {} MiB of the tier's files, below the {} "
+          "MiB it may take; it keeps to {} MiB from now on",
+          options_.dir.string(), stats_.bytes_used >> 20, stats_.capacity_bytes >> 20,
+          stats_.bytes_used >> 20);
+      stats_.capacity_bytes = stats_.bytes_used;
     }
     return;
   }
-  last_write_errno_ = 0;
   std::list<FileId>& list = write.read_this_epoch ? read_this_epoch_ : lru_;
   list.push_back(id);
   index_.emplace(id, Entry{.bytes = bytes,

@@ -73,6 +73,7 @@ struct DiskTierOptions {
 };
 
 struct DiskTierStats {
+  // --disk-cache-size, or less where the filesystem has less room (at open, or full since).
   uint64_t capacity_bytes = 0;
   uint64_t bytes_used = 0;  // object files on disk, rounded up to 4 KiB each
   uint64_t entries = 0;
@@ -318,7 +319,7 @@ class DiskTier {
   uint64_t reserved_bytes_ = 0;  // on-disk bytes of the files being written
   bool stopping_ = false;
   DiskTierStats stats_;
-  int last_write_errno_ = 0;  // the last write failure logged, so a full disk logs once
+  std::vector<int> write_errnos_logged_;  // a write failure is logged once per errno
   std::atomic<bool> direct_io_{false};
   std::atomic<bool> cachestat_works_{true};  // until the kernel says it has no cachestat
   std::vector<std::thread> writers_;

@@ -431,21 +431,50 @@ class DiskTierTest(DsfsTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.tier, "objects")))
 
     @unittest.skipUnless(os.geteuid() == 0, "mounting a tmpfs needs root")
-    def test_a_full_disk_fails_writes_not_reads(self):
+    def test_a_filesystem_with_less_room_than_asked_bounds_the_tier_and_reads_go_on(self):
         small = os.path.join(self.tmp, "small")
         os.makedirs(small)
-        run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small])
+        # Twice the memory cache: what the tier holds beyond it is read from disk.
+        run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", small])
         try:
             tier = os.path.join(small, "tier")
+            # Less room than asked for: the tier keeps to the room there is, and evicts within
+            # it (before, it counted on 64 MiB and every write past 1 MiB failed with ENOSPC).
             mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", tier,
                              "--disk-cache-size", "64MiB")
-            self.epoch(mnt, seed=1)
+            self.assertLess(self.stats(mnt)["disk_tier"]["capacity_bytes"], 2 << 20)
+            order = sorted(self.files)
+            random.Random(1).shuffle(order)
+            self.read_checked(mnt, order)
             self.wait_drained(mnt)
-            self.epoch(mnt, seed=2)
+            # The files read last are the ones the tier still holds: read them first.
+            self.read_checked(mnt, order[::-1])
+            self.wait_drained(mnt)
             stats = self.stats(mnt)
-            self.assertGreater(stats["disk_tier"]["write_errors"], 0)  # ENOSPC
             self.assertGreater(stats["disk_tier"]["hits"], 0)  # what fitted is used
+            self.assertGreater(stats["disk_tier"]["evictions"], 0)
+            self.assertLess(stats["disk_tier"]["write_errors"], 8)
             self.assertEqual(stats["errors"]["integrity"] + stats["errors"]["internal"], 0)
+            self.umount(mnt)
+
+            # Room taken by other files after the mount: the first writes that fail with ENOSPC
+            # lower the tier's bound to what it holds, and later writes evict instead of failing.
+            run(["rm", "-rf", tier])
+            mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", tier,
+                             "--disk-cache-size", "1800KiB", name="mnt2")
+            self.assertEqual(self.stats(mnt)["disk_tier"]["capacity_bytes"], 1800 << 10)
+            with open(os.path.join(small, "filler"), "wb") as f:
+                f.write(b"\0" * (1200 << 10))
+            self.epoch(mnt, seed=3)
+            self.wait_drained(mnt)
+            first = self.stats(mnt)["disk_tier"]
+            self.assertLess(first["capacity_bytes"], 1800 << 10)
+            self.assertGreater(first["write_errors"], 0)
+            self.epoch(mnt, seed=4)
+            self.wait_drained(mnt)
+            second = self.stats(mnt)["disk_tier"]
+            self.assertGreater(second["evictions"], first["evictions"])
+            self.assertLess(second["write_errors"] - first["write_errors"], 8)
             self.umount(mnt)
         finally:
             run(["umount", small], check=False)
