@@ -13,9 +13,10 @@ mount (--timeout 30s covers a failover of a 2 s cluster-node-timeout); no reader
 on after every event; each daemon's RSS within its cache plus the soak's slack; its threads
 and sockets not growing from event to event.
 
-Writes bench/results/NAME.json (checks, events, a timeline of one sample a second) and NAME.png
-(files read per second on each mount, the events shaded; each daemon's RSS and sockets). Exit 1
-if a check failed. Root (FUSE mounts).
+Writes bench/results/NAME.json (checks, events, a timeline of one sample a second: each
+mount's reads, RSS, threads, sockets, and the longest READ its daemon has stalled so far) and
+NAME.png (files read per second on each mount, the events shaded; each daemon's RSS and
+sockets). Exit 1 if a check failed. Root (FUSE mounts).
 
     nice -n 10 bench/cluster_soak.py [--minutes 10] [--build build] [--out bench/results]
                                      [--name cluster_soak] [--seed 1]
@@ -244,6 +245,18 @@ def slow_readers(soak, began):
     return SlowReaders
 
 
+def daemon_stall_max_ms(mnt):
+    """The longest a READ has waited in the mount's daemon for its bytes since the mount
+    (stats.json prefetch.stall_us.max), in ms; None if stats.json could not be read. A reader's
+    slow call with no stall as long in the daemon waited elsewhere (the kernel's FUSE queue, the
+    harness's own threads)."""
+    try:
+        with open(os.path.join(mnt, ".dsfs", "stats.json")) as f:
+            return round(json.load(f)["prefetch"]["stall_us"]["max"] / 1000, 1)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def plot(result, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -320,6 +333,7 @@ def main():
                 point[name] = readers[name].snapshot()
                 point[name].update({k: v for k, v in soak.process_sample(pids[name]).items()
                                     if k != "other_fds"})
+                point[name]["daemon_stall_max_ms"] = daemon_stall_max_ms(mounts[name])
             return point
 
         def sample_loop():
@@ -414,7 +428,10 @@ def main():
                           "wrong": len(r.wrong), "errors": dict(r.errors),
                           "slowest_call_s": round(r.slowest_call_s, 2),
                           "slowest_call": r.slowest_call,
-                          "slow_calls": r.slow_calls} for name, r in readers.items()},
+                          "slow_calls": r.slow_calls,
+                          "daemon_stall_max_ms": max(
+                              (p[name]["daemon_stall_max_ms"] or 0 for p in timeline),
+                              default=0)} for name, r in readers.items()},
         "first": first, "last": last, "passed": not failures, "failures": failures,
         "events": events, "timeline": timeline,
     }
