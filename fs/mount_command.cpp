@@ -41,6 +41,7 @@
 #include "src/catalog/keys.h"
 #include "src/catalog/names.h"
 #include "src/store/embedded_server.h"
+#include "src/store/log_text.h"
 #include "src/store/value_buffer.h"
 
 extern char** environ;
@@ -504,13 +505,22 @@ void run_refresh(const RefreshArgs& args) {
   const int error = errno;
   ::close(fd);
   if (written < 0) {
+    // The mount answers with one errno for the whole request: which name it was is in its log.
+    std::string named;
+    for (const std::string& name : args.datasets) {
+      named += fmt::format("{}'{}'", named.empty() ? "" : ", ", store::log_text(name));
+    }
+    const std::string which =
+        args.datasets.size() == 1
+            ? fmt::format("dataset {}", named)
+            : fmt::format("one of the datasets {} (the mount's log says which)", named);
     switch (error) {
       case ENOENT:
         throw std::runtime_error(fmt::format(
-            "no such dataset is published (see `dsfs list`); nothing was refreshed on {}",
-            mountpoint.string()));
+            "{} is not published (see `dsfs list`); nothing was refreshed on {}",
+            args.datasets.empty() ? std::string("a dataset") : which, mountpoint.string()));
       case EINVAL:
-        throw std::runtime_error("a dataset name is not valid");
+        throw std::runtime_error(fmt::format("the name of {} is not valid", which));
       default:
         throw std::runtime_error(fmt::format(
             "refresh of {} failed: {}; the mount's log says why (Redis unreachable, or a "
@@ -553,7 +563,9 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
       "MOUNTPOINT/.dsfs/stats.json for counters. "
       "Returns once the mount is ready and keeps serving in the background (-f: in the "
       "foreground).");
-  mount->add_option("MOUNTPOINT", mount_args->mountpoint, "An existing, empty directory")
+  mount
+      ->add_option("MOUNTPOINT", mount_args->mountpoint,
+                   "An existing directory; what it holds is hidden while mounted")
       ->required();
   mount->add_option("--dataset", mount_args->datasets,
                     "Mount only this dataset (repeat for several); default: every published one");

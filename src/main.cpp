@@ -11,6 +11,7 @@
 #include "fs/mount_helper.h"
 #include "src/cli/common.h"
 #include "src/cli/server_command.h"
+#include "src/store/log_text.h"
 #include "tools/admin_commands.h"
 #include "tools/bench_command.h"
 #include "tools/ingest_command.h"
@@ -55,6 +56,16 @@ int main(int argc, char** argv) {
   std::vector<char*> argument_pointers;
   for (std::string& argument : arguments) argument_pointers.push_back(argument.data());
   dsfs::cli::scrub_secrets_from_argv(argc, argv);
+  // CLI11 answers a first word that is no subcommand with "A subcommand is required".
+  if (arguments.size() > 1 && !arguments[1].empty() && arguments[1][0] != '-') {
+    try {
+      app.get_subcommand(arguments[1]);
+    } catch (const CLI::OptionNotFound&) {
+      fmt::print(stderr, "dsfs: error: unknown command '{}'; `dsfs --help` lists them\n",
+                 dsfs::store::log_text(arguments[1]));
+      return 1;
+    }
+  }
   try {
     app.parse(static_cast<int>(argument_pointers.size()), argument_pointers.data());
   } catch (const CLI::ParseError& e) {

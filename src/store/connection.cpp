@@ -177,9 +177,11 @@ void Connection::handshake() {
   Reply ping_reply = read_reply();
 
   if (auth_reply.is_error()) {
-    throw ReplyError(fmt::format(
-        "Redis at {} refused the credentials: {} (check the user and password in the URL)",
-        endpoint_.describe(), auth_reply.str()));
+    throw ReplyError(
+        fmt::format("Redis at {} refused the credentials: {} (check the user and password given: "
+                    "--redis-password-file, $DSFS_REDIS_PASSWORD or $REDISCLI_AUTH, or the URL's "
+                    "user)",
+                    endpoint_.describe(), auth_reply.str()));
   }
   if (select_reply.is_error()) {
     throw ReplyError(fmt::format("Redis at {} rejected SELECT {}: {}", endpoint_.describe(), db,
@@ -197,8 +199,10 @@ void Connection::handshake() {
     }
     if (message.starts_with("NOAUTH")) {
       throw ReplyError(fmt::format(
-          "Redis at {} requires a password: give it in the URL, e.g. redis://:PASSWORD@host:port "
-          "or redis://USER:PASSWORD@host:port",
+          "Redis at {} requires a password: give it with --redis-password-file FILE (its first "
+          "line; mode 0600) or $DSFS_REDIS_PASSWORD, and the user, if not default, in the URL "
+          "(redis://USER@host:port); a password in the URL itself shows in `ps` until dsfs "
+          "starts",
           endpoint_.describe()));
     }
     throw ReplyError(fmt::format("Redis at {} rejected PING: {}", endpoint_.describe(), message));

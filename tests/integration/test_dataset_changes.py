@@ -157,7 +157,7 @@ class DatasetChangeTest(DsfsTestCase):
         mnt = self.mount("--watch-interval", "0")
         missing = self.dsfs("refresh", mnt, "nosuch", redis=False, check=False)
         self.assertEqual(missing.returncode, 1)
-        self.assertIn("no such dataset is published", missing.stderr)
+        self.assertIn("dataset 'nosuch' is not published", missing.stderr)
         bad = self.dsfs("refresh", mnt, "bad/name", redis=False, check=False)
         self.assertEqual(bad.returncode, 1)
         self.assertIn("bad/name", bad.stderr)

@@ -331,6 +331,11 @@ class CommandErrorsTest(DsfsTestCase):
                         redis=False)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("empty URL", res.stderr)
+        # A misspelt command is named (CLI11 said "A subcommand is required"). Followed by a
+        # directory it is the mount-helper form, `dsfs SOURCE MOUNTPOINT` (fs/mount_helper.h).
+        res = self.dsfs("injest", "--dataset", "x", check=False, redis=False)
+        self.assertEqual(res.returncode, 1)
+        self.assertIn("unknown command 'injest'", res.stderr)
         self.assertEqual(self.redis.cli("DBSIZE").strip(), "0")
 
     def test_failed_ingest_keeps_previous_generation(self):

@@ -419,6 +419,9 @@ TEST_F(AuthTest, MissingPasswordSaysOneIsRequired) {
     FAIL() << "a server with requirepass should refuse an unauthenticated connection";
   } catch (const ReplyError& e) {
     EXPECT_THAT(e.what(), HasSubstr("requires a password"));
+    // The safe ways first: a password in the URL shows in `ps` (it once advised only that).
+    EXPECT_THAT(e.what(), HasSubstr("--redis-password-file"));
+    EXPECT_THAT(e.what(), HasSubstr("DSFS_REDIS_PASSWORD"));
   }
 }
 
