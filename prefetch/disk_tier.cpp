@@ -857,16 +857,18 @@ void DiskTier::note_generation_locked(uint64_t dataset, uint64_t generation) {
   }
 }
 
-void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::string& why,
-                        bool checksum, int fd) {
-  // The file read is no longer the one under its name: it was evicted and taken over by a write
-  // (then what was read can be another object's bytes), and the name may hold a new copy since.
+bool DiskTier::replaced_since_read(const FileId& id, int fd) const {
   struct stat read_file_stat {};
   struct stat named_file_stat {};
-  const bool replaced = fd >= 0 && ::fstat(fd, &read_file_stat) == 0 &&
-                        (::stat(path_of(id).c_str(), &named_file_stat) != 0 ||
-                         named_file_stat.st_ino != read_file_stat.st_ino ||
-                         named_file_stat.st_dev != read_file_stat.st_dev);
+  return fd >= 0 && ::fstat(fd, &read_file_stat) == 0 &&
+         (::stat(path_of(id).c_str(), &named_file_stat) != 0 ||
+          named_file_stat.st_ino != read_file_stat.st_ino ||
+          named_file_stat.st_dev != read_file_stat.st_dev);
+}
+
+void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::string& why,
+                        bool checksum, int fd) {
+  const bool replaced = replaced_since_read(id, fd);
   std::lock_guard lock(mutex_);
   ++stats_.misses;
   // Evicted (or dropped by another reader) since this read looked: nothing wrong with the disk.
@@ -879,12 +881,7 @@ void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::s
 }
 
 void DiskTier::drop_stale(const FileId& id, std::string_view dataset, bool old_format, int fd) {
-  struct stat read_file_stat {};
-  struct stat named_file_stat {};
-  const bool replaced = fd >= 0 && ::fstat(fd, &read_file_stat) == 0 &&
-                        (::stat(path_of(id).c_str(), &named_file_stat) != 0 ||
-                         named_file_stat.st_ino != read_file_stat.st_ino ||
-                         named_file_stat.st_dev != read_file_stat.st_dev);
+  const bool replaced = replaced_since_read(id, fd);
   std::lock_guard lock(mutex_);
   ++stats_.misses;
   if (replaced || !index_.contains(id)) return;

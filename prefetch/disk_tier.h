@@ -280,6 +280,10 @@ class DiskTier {
   FileId victim_locked();
   // Moves an entry to the end of lru_ or read_this_epoch_; mutex_ held.
   void place_locked(Entry& entry, bool read_this_epoch);
+  // Whether the file read through `fd` is no longer the one under its name: it was evicted and
+  // taken over by a write (then what was read can be another object's bytes), and the name may
+  // hold a new copy since. Then a failed check says nothing of the disk.
+  bool replaced_since_read(const FileId& id, int fd) const;
   // A file of the object's name and generation written for another ingest, or in a format that
   // does not say (old_format): dropped, counted, logged once per kind. Nothing counted if it was
   // replaced meanwhile (as drop_bad).
