@@ -216,6 +216,7 @@ void DatasetWatcher::pass(const std::set<std::string>* update, int& error, PassR
                             (info.generation == listed->generation() &&
                              prefetch::ingest_identity(info) != listed->ingest_identity());
     if (made_again) {
+      const uint64_t old_generation = listed->generation();
       listed->mark_gone();
       spdlog::warn(
           "dataset '{}' generation {} was removed from Redis and made again (now generation "
@@ -226,6 +227,7 @@ void DatasetWatcher::pass(const std::set<std::string>* update, int& error, PassR
         ++counted.refreshed;
       } else {
         tree_.unlist(name);
+        drop_lease(name, old_generation);  // no-op if the failed load dropped that number's
         changed.push_back(name);
         ++counted.removed;
       }
@@ -308,7 +310,8 @@ bool DatasetWatcher::list_current(const std::string& name,
   }
   skipped_.erase(name);
   if (replacing && replacing->gone()) {
-    drop_lease(name, replacing->generation());
+    // Made again under the same number: the lease just taken is that number's, and is kept.
+    if (replacing->generation() != generation) drop_lease(name, replacing->generation());
     spdlog::info("dataset '{}' now shows generation {} ({} files), made again",
                  store::log_text(name), generation, files);
   } else if (replacing) {

@@ -142,6 +142,30 @@ TEST_F(DatasetWatcherTest, ADatasetMadeAgainUnderItsGenerationNumberIsShownAnewA
   EXPECT_TRUE(tree.dataset(new_index)->gone());
 }
 
+// The lease this mount holds survives a switch to a dataset made again under the same
+// generation number. Before, the switch unpinned the old one's number, which was the new one's
+// too: the generation it serves was unleased, and a collection after the next ingest would
+// delete it under the mount.
+TEST(DatasetWatcherLeases, ADatasetMadeAgainUnderItsGenerationNumberKeepsItsLease) {
+  test::TestRedisServer redis;
+  store::Client client(std::vector{redis.endpoint()});
+  const catalog::KeySchema keys("dsfs");
+  const uint64_t first = publish(client, "old bytes");
+  GenerationLeases leases(client, keys);
+  MountTree tree(load_datasets(client, keys, {kDataset}, &leases));
+  DatasetWatcher watcher(tree, client, keys, WatchOptions{.names = {}, .interval = 0ms}, &leases,
+                         [](const std::vector<std::string>&) {});
+  const std::string lease = std::to_string(first) + ":" + leases.reader_id();
+  auto held = [&] { return client.command({"ZSCORE", keys.readers(kDataset), lease}).is_string(); };
+  ASSERT_TRUE(held());
+
+  client.command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  ASSERT_EQ(publish(client, "new bytes"), first);
+  ASSERT_EQ(watcher.refresh({kDataset}), 0);
+  ASSERT_EQ(watcher.stats().refreshed, 1u);
+  EXPECT_TRUE(held()) << "the generation the mount serves lost its lease";
+}
+
 TEST(DatasetWatcherFailingPass, WhatAPassChangedBeforeItFailedIsStillAnnounced) {
   test::TestRedisServer redis;
   store::Client client(std::vector{redis.endpoint()});
