@@ -470,8 +470,7 @@ std::map<std::string, uint64_t> mounted_generations(const std::filesystem::path&
   const std::filesystem::path stats = mountpoint / kControlDirName / kStatsFileName;
   std::ifstream in(stats);
   if (!in) {
-    throw std::runtime_error(
-        fmt::format("cannot read {}: is {} a dsfs mount?", stats.string(), mountpoint.string()));
+    throw std::runtime_error(cli::unreadable_in_mount(stats.string(), mountpoint.string(), errno));
   }
   const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   std::map<std::string, uint64_t> generations;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <system_error>
 
+#include "src/cli/common.h"
 #include "tools/progress.h"
 #include "tools/scoped_fd.h"
 
@@ -82,6 +83,10 @@ void check_dsfs_mount(const fs::path& mount) {
                     mount.string()));
   }
   if (fs::is_regular_file(mount / kStatsFile, error)) return;
+  if (error && error != std::errc::no_such_file_or_directory) {
+    throw PlanInputError(
+        cli::unreadable_in_mount((mount / kStatsFile).string(), mount.string(), error.value()));
+  }
 
   std::string hint;
   const fs::path normal = normal_directory(mount);

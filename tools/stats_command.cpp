@@ -17,6 +17,7 @@
 #include <string_view>
 #include <thread>
 
+#include "src/cli/common.h"
 #include "src/store/log_text.h"
 #include "tools/plan_command.h"
 #include "tools/progress.h"
@@ -261,8 +262,7 @@ std::string read_stats_text(const fs::path& mount) {
   const fs::path file = mount / kStatsFile;
   std::ifstream in(file, std::ios::binary);
   if (!in) {
-    throw std::runtime_error(fmt::format("cannot read {}: {}; is the mount still there?",
-                                         file.string(), std::strerror(errno)));
+    throw std::runtime_error(cli::unreadable_in_mount(file.string(), mount.string(), errno));
   }
   std::ostringstream text;
   text << in.rdbuf();

@@ -221,4 +221,23 @@ void apply_log_level(const GlobalOptions& options) {
   spdlog::set_level(level);
 }
 
+std::string unreadable_in_mount(const std::string& file, const std::string& mount, int error) {
+  std::string advice;
+  switch (error) {
+    case ENOTCONN:
+    case ECONNABORTED:  // what a request meets as the kernel aborts the connection
+      advice = fmt::format(
+          "the mount's dsfs daemon has exited (its log under $DSFS_HOME/logs says why); "
+          "`dsfs umount {}` clears it, then mount again",
+          mount);
+      break;
+    case ENOENT:
+      advice = fmt::format("is {} a dsfs mount?", mount);
+      break;
+    default:
+      advice = fmt::format("is {} still a dsfs mount?", mount);
+  }
+  return fmt::format("cannot read {}: {}; {}", file, std::strerror(error), advice);
+}
+
 }  // namespace dsfs::cli

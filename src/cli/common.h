@@ -61,6 +61,11 @@ std::shared_ptr<store::Client> make_client(const GlobalOptions& options,
 // main() got; parse a copy taken before.
 void scrub_secrets_from_argv(int argc, char** argv);
 
+// What to say when `file`, inside the dsfs mount `mount`, cannot be opened (errno `error`):
+// "cannot read FILE: REASON; WHAT TO DO". A dead mount (its daemon exited: ENOTCONN, or
+// ECONNABORTED) is named as one, with how to clear it.
+std::string unreadable_in_mount(const std::string& file, const std::string& mount, int error);
+
 // Applies --log-level to spdlog's default logger (stderr).
 void apply_log_level(const GlobalOptions& options);
 

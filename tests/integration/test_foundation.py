@@ -303,6 +303,30 @@ class CommandErrorsTest(DsfsTestCase):
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("mount", res.stderr.lower())
 
+    def test_a_dead_mount_is_named_as_one(self):
+        # A mount whose daemon died: stats, refresh and plan say so and how to clear it (they asked
+        # "is it a dsfs mount?", or "is the mount still there?", of one that is).
+        self.dsfs("ingest", os.path.join(SOURCE, "class_0000"), "--dataset", "one")
+        mnt = self.mount()
+        pid = int(run(["pgrep", "-f", f"dsfs mount {mnt}"]).stdout.split()[0])
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                os.listdir(mnt)
+            except OSError as e:
+                self.assertIn(e.errno, (errno.ENOTCONN, errno.ECONNABORTED))
+                break
+            self.assertLess(time.monotonic(), deadline, "the mount outlived its daemon")
+            time.sleep(0.05)
+        for args in (["stats", mnt], ["refresh", mnt], ["plan", mnt, "/dev/null"]):
+            res = run([DSFS, *args], check=False, env=self.env)
+            self.assertNotEqual(res.returncode, 0, args)
+            self.assertIn("daemon has exited", res.stderr, args)
+            self.assertIn(f"dsfs umount {mnt}", res.stderr, args)
+        run([DSFS, "umount", mnt], env=self.env)
+        self.assertFalse(is_mounted(mnt))
+
     def test_unreachable_redis(self):
         os.makedirs(os.path.join(self.tmp, "m"))
         dead_port = free_port()  # nothing listens there
