@@ -157,7 +157,8 @@ nlohmann::ordered_json prefetch_json(const prefetch::ReadStats& reads,
        {{"entries", e.plan_entries},
         {"unresolved", plan_unresolved},
         {"position", e.plan_position},
-        {"writers", e.plan_writers}}},
+        {"writers", e.plan_writers},
+        {"dropped", e.plan_entries_dropped}}},
       {"predictors", predictors},
   };
 }

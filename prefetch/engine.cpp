@@ -682,8 +682,20 @@ void PrefetchEngine::plan_extend(PlanWriter writer, std::span<const PlannedFile>
                                  bool new_plan) {
   std::lock_guard lock(mutex_);
   warming_ = false;  // the plan says what comes, from Redis too where the tier lacks it
+  const PlansPredictor& plans = model_->plan();
   for (const PlannedFile& file : files) {
-    model_->plan_append(writer, file_id(file.dataset, file.entry));
+    if (model_->plan_append(writer, file_id(file.dataset, file.entry)) ||
+        plans.entries() < plans.max_entries()) {
+      continue;
+    }
+    if (plan_entries_dropped_++ == 0) {
+      spdlog::warn(
+          "prefetch: the plans written to .dsfs/plan hold {} entries, the most this mount keeps "
+          "({} per file); later entries are ignored until a plan is replaced. Write each "
+          "epoch's order as a new plan (open the file with O_TRUNC, as PlanSampler does) "
+          "instead of appending to the last one",
+          plans.entries(), PlansPredictor::kPlanEntriesPerFile);
+    }
   }
   // Objects read last epoch are unread again in the one the new plan begins.
   if (model_->plan_published(new_plan)) new_epoch_locked();
@@ -754,6 +766,7 @@ void PrefetchEngine::stats_locked(EngineStats& s) const {
   s.plan_entries = model_->plan().entries();
   s.plan_position = model_->plan().position();
   s.plan_writers = model_->plan().writers();
+  s.plan_entries_dropped = plan_entries_dropped_;
   for (const PredictorScore& p : model_->scores()) {
     s.predictors.push_back(PredictorReport{std::string(p.name), p.score, p.foreseen, p.scored});
   }

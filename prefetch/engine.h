@@ -117,6 +117,8 @@ struct EngineStats {
   uint64_t plan_entries = 0;   // every writer's plan together
   uint64_t plan_position = 0;  // entries read, every writer's plan together
   uint64_t plan_writers = 0;   // writers with a plan
+  // Entries not kept because the plans held PlansPredictor::max_entries() together.
+  uint64_t plan_entries_dropped = 0;
   std::vector<PredictorReport> predictors;
   // Staged from a tier that held the datasets when the mount started, before the first read.
   uint64_t staged_before_first_read = 0;
@@ -281,6 +283,7 @@ class PrefetchEngine {
   uint64_t passed_peak_ = 0;
   std::chrono::steady_clock::time_point last_access_{};
   std::chrono::steady_clock::time_point plan_written_{};
+  uint64_t plan_entries_dropped_ = 0;  // over the plans' bound; the first is logged
   bool was_active_ = false;
   // Staging from the disk tier before the first read (warm_from_disk_tier): only what the tier
   // holds is proposed meanwhile, nothing is asked of Redis.

@@ -183,10 +183,10 @@ void PlanPredictor::clear() {
   frontier_ = proposed_ = 0;
 }
 
-void PlanPredictor::append(FileId file) {
+bool PlanPredictor::append(FileId file) {
   const uint32_t d = dataset_of(file);
   const uint32_t e = entry_of(file);
-  if (d >= first_.size() || e >= first_[d].size() || plan_.size() >= kNone) return;
+  if (d >= first_.size() || e >= first_[d].size() || plan_.size() >= kNone) return false;
   const auto position = static_cast<uint32_t>(plan_.size());
   plan_.push_back(file);
   read_.push_back(false);
@@ -194,6 +194,7 @@ void PlanPredictor::append(FileId file) {
   if (last_[d][e] != kNone) next_same_[last_[d][e]] = position;
   last_[d][e] = position;
   if (first_[d][e] == kNone) first_[d][e] = position;
+  return true;
 }
 
 bool PlanPredictor::observe(FileId file) {
@@ -228,6 +229,12 @@ std::optional<uint64_t> PlanPredictor::distance(FileId file) const {
 }
 
 // --- PlansPredictor ---
+
+PlansPredictor::PlansPredictor(const MountShape& shape) : shape_(shape) {
+  uint64_t files = 0;
+  for (const std::vector<bool>& dataset : shape.is_file) files += dataset.size();
+  max_entries_ = std::max(kMinPlanEntries, kPlanEntriesPerFile * files);
+}
 
 PlanPredictor* PlansPredictor::find(Writer writer) const {
   for (const auto& [w, plan] : plans_) {
@@ -278,27 +285,28 @@ void PlansPredictor::restart() {
 }
 
 void PlansPredictor::clear(Writer writer) {
-  if (PlanPredictor* plan = find(writer)) plan->clear();
+  if (PlanPredictor* plan = find(writer)) {
+    entries_ -= plan->entries();
+    plan->clear();
+  }
 }
 
-void PlansPredictor::append(Writer writer, FileId file) {
+bool PlansPredictor::append(Writer writer, FileId file) {
+  if (entries_ >= max_entries_) return false;
   PlanPredictor* plan = find(writer);
   if (plan == nullptr) {
     plans_.emplace_back(writer, std::make_unique<PlanPredictor>(shape_));
     plan = plans_.back().second.get();
     plan->set_lookahead(lookahead_);
   }
-  plan->append(file);
+  if (!plan->append(file)) return false;
+  ++entries_;
+  return true;
 }
 
 void PlansPredictor::forget(Writer writer) {
+  if (PlanPredictor* plan = find(writer)) entries_ -= plan->entries();
   std::erase_if(plans_, [writer](const auto& p) { return p.first == writer; });
-}
-
-uint64_t PlansPredictor::entries() const {
-  uint64_t total = 0;
-  for (const auto& [writer, plan] : plans_) total += plan->entries();
-  return total;
 }
 
 bool PlansPredictor::lists_unread(FileId file) const {
@@ -493,8 +501,8 @@ std::optional<Proposal> PredictionModel::propose() {
 void PredictionModel::plan_clear(PlansPredictor::Writer writer) {
   plan_->clear(writer);
 }
-void PredictionModel::plan_append(PlansPredictor::Writer writer, FileId file) {
-  plan_->append(writer, file);
+bool PredictionModel::plan_append(PlansPredictor::Writer writer, FileId file) {
+  return plan_->append(writer, file);
 }
 void PredictionModel::plan_forget(PlansPredictor::Writer writer) {
   plan_->forget(writer);

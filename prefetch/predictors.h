@@ -169,7 +169,8 @@ class PlanPredictor final : public Predictor {
   void restart() override { proposed_ = frontier_; }
 
   void clear();
-  void append(FileId file);
+  // False when `file` is not one of the mount's (and is not listed).
+  bool append(FileId file);
   uint64_t entries() const { return plan_.size(); }
   uint64_t position() const { return frontier_; }  // entries read, counting from the start
   // How far past the frontier the plan lists `file` unread, if it does.
@@ -193,11 +194,17 @@ class PlanPredictor final : public Predictor {
 // soonest; proposals come from the plan whose lead is shortest, so each rank is fetched for at
 // its own position; the lookahead (the cache's room) is shared evenly by the plans with files
 // left. Each plan holds 8 bytes per file of the mount besides its entries, so the plan file keeps
-// the number of writers bounded and forgets those that are gone.
+// the number of writers bounded and forgets those that are gone; the entries of every plan
+// together are bounded by max_entries() (about 12 bytes each), so a loader that appends each
+// epoch's order instead of replacing it cannot grow the mount's memory without end.
 class PlansPredictor final : public Predictor {
  public:
   using Writer = uint64_t;
-  explicit PlansPredictor(const MountShape& shape) : shape_(shape) {}
+  // Entries the plans may hold together: kPlanEntriesPerFile per entry of the mount (file or
+  // directory: as many epochs ahead, and some), at least kMinPlanEntries.
+  static constexpr uint64_t kPlanEntriesPerFile = 16;
+  static constexpr uint64_t kMinPlanEntries = uint64_t{1} << 22;
+  explicit PlansPredictor(const MountShape& shape);
   std::string_view name() const override { return "plan"; }
   bool ready() const override;
   bool observe(FileId file) override;
@@ -205,9 +212,12 @@ class PlansPredictor final : public Predictor {
   void restart() override;
 
   void clear(Writer writer);
-  void append(Writer writer, FileId file);
+  // False when the entry is not listed: a file not of the mount's, or the plans already hold
+  // max_entries() together.
+  bool append(Writer writer, FileId file);
   void forget(Writer writer);
-  uint64_t entries() const;              // every plan's
+  uint64_t entries() const { return entries_; }  // every plan's
+  uint64_t max_entries() const { return max_entries_; }
   uint64_t position() const;             // entries read, every plan's
   bool lists_unread(FileId file) const;  // some plan lists `file` at a position not read yet
   size_t writers() const { return plans_.size(); }
@@ -215,6 +225,8 @@ class PlansPredictor final : public Predictor {
  private:
   PlanPredictor* find(Writer writer) const;
   const MountShape& shape_;
+  uint64_t max_entries_ = 0;
+  uint64_t entries_ = 0;  // every plan's
   std::vector<std::pair<Writer, std::unique_ptr<PlanPredictor>>> plans_;
 };
 
@@ -273,7 +285,7 @@ class PredictionModel {
 
   // The plans, one per writer (PlansPredictor).
   void plan_clear(PlansPredictor::Writer writer);
-  void plan_append(PlansPredictor::Writer writer, FileId file);
+  bool plan_append(PlansPredictor::Writer writer, FileId file);  // PlansPredictor::append
   void plan_forget(PlansPredictor::Writer writer);
   // A new plan is trusted at once: it leads until the accesses stop matching it. A plan that
   // replaced its writer's last one begins a new epoch.

@@ -377,6 +377,23 @@ TEST_F(PrefetchEngineTest, APlanIsExtendedInOrderAndReplacedByANewOne) {
   EXPECT_EQ(engine_->stats().plan_entries, 0u);
 }
 
+// A loader that appends each epoch's order to the plan instead of replacing it: the entries past
+// the plans' bound are not kept, and are counted (stats.json prefetch.plan.dropped).
+TEST_F(PrefetchEngineTest, APlanAppendedToWithoutEndStopsGrowingAtItsBound) {
+  make_engine(1 << 20, PrefetchMode::kAuto);
+  const uint64_t bound = PlansPredictor::kMinPlanEntries;
+  std::vector<PrefetchEngine::PlannedFile> epoch;
+  for (uint64_t i = 0; i < bound / 2 + 10; ++i) {
+    epoch.push_back({0, entry_of_file(static_cast<uint32_t>(i % kFiles))});
+  }
+  engine_->plan_extend(kWriter, epoch, /*new_plan=*/true);
+  engine_->plan_extend(kWriter, epoch, /*new_plan=*/false);
+  EXPECT_EQ(engine_->stats().plan_entries, bound);
+  EXPECT_EQ(engine_->stats().plan_entries_dropped, 20u);
+  plan({7});  // a plan replaced is kept again
+  EXPECT_EQ(engine_->stats().plan_entries, 1u);
+}
+
 // The engine over a disk tier that holds every file (written by the fixture, then checked).
 class PrefetchEngineDiskTierTest : public PrefetchEngineTest {
  protected:

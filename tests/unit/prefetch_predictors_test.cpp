@@ -343,6 +343,33 @@ TEST(Predictors, AFileInTwoPlansCountsAgainstThePlanThatExpectsItSoonest) {
   EXPECT_EQ(model.plan().position(), 51u);
 }
 
+// The plans of every writer together keep at most max_entries(): a loader that appends each
+// epoch's order to the last one instead of replacing it stops growing the mount's memory there.
+// A cleared or forgotten plan gives its room back; a file not of the mount's is not counted.
+TEST(Predictors, ThePlansHoldABoundedNumberOfEntries) {
+  const MountShape big = shape_with(300'000);  // its entries: the files and their directories
+  EXPECT_EQ(PredictionModel(big).plan().max_entries(),
+            PlansPredictor::kPlanEntriesPerFile * big.is_file[0].size());
+  PredictionModel model(shape_with(1000));
+  const PlansPredictor& plans = model.plan();
+  ASSERT_EQ(plans.max_entries(), PlansPredictor::kMinPlanEntries);
+  const std::vector<FileId> files = files_of(model.shape());
+  EXPECT_FALSE(model.plan_append(1, file_id(0, 5000)));
+  uint64_t kept = 0;
+  for (uint64_t i = 0; i < plans.max_entries() + 500; ++i) {
+    kept += model.plan_append(1, files[i % files.size()]) ? 1 : 0;
+  }
+  EXPECT_EQ(kept, plans.max_entries());
+  EXPECT_EQ(plans.entries(), plans.max_entries());
+  EXPECT_FALSE(model.plan_append(2, files[0])) << "a second writer is bounded too";
+  model.plan_clear(1);
+  EXPECT_EQ(plans.entries(), 0u);
+  EXPECT_TRUE(model.plan_append(2, files[0]));
+  EXPECT_TRUE(model.plan_append(1, files[1]));
+  model.plan_forget(2);
+  EXPECT_EQ(plans.entries(), 1u);
+}
+
 TEST(Predictors, ReplacingThePlanBeginsANewEpoch) {
   PredictionModel model(shape_with(1000));
   model.set_lookahead(50);
