@@ -241,6 +241,12 @@ class DsfsTestCase(unittest.TestCase):
             self.redis.check_alive()
         finally:
             self.redis.stop()
+            # An embedded server or local cluster a test started under its DSFS_HOME (a command
+            # run without --redis) would outlive the test and its deleted directory.
+            home = self.env["DSFS_HOME"]
+            if any(os.path.isdir(os.path.join(home, d)) for d in ("redis", "cluster")):
+                subprocess.run([DSFS, "server", "stop"], env=self.env, capture_output=True,
+                               timeout=120)
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def dsfs(self, *args, check=True, redis=True, **kw):
