@@ -675,8 +675,10 @@ void register_mount_commands(CLI::App& app, cli::GlobalOptions& global) {
   mount
       ->add_option("--readahead", mount_args->readahead_bytes,
                    "Kernel readahead for the mount, so a whole image comes in one request "
-                   "(e.g. 1MiB; 0 keeps the kernel's 128 KiB; needs root, else ignored)")
+                   "(e.g. 1MiB; 0 keeps the kernel's 128 KiB; at most 1GiB; needs root, else "
+                   "ignored)")
       ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30))
       ->capture_default_str();
   mount
       ->add_option("--view-backend", mount_args->view_backend,

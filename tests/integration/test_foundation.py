@@ -297,6 +297,13 @@ class CommandErrorsTest(DsfsTestCase):
         res = self.dsfs("mount", os.path.join(self.tmp, "missing"), check=False)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("missing", res.stderr)
+        # A readahead past 1 GiB is refused (2^64-1 bytes wrapped around to 0 KiB before).
+        os.makedirs(os.path.join(self.tmp, "ra"))
+        res = self.dsfs("mount", os.path.join(self.tmp, "ra"), "--readahead",
+                        "18446744073709551615", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("--readahead", res.stderr)
+        self.assertFalse(is_mounted(os.path.join(self.tmp, "ra")))
         self.dsfs("ingest", os.path.join(SOURCE, "class_0000"), "--dataset", "one")
         mnt = self.mount()
         res = self.dsfs("mount", mnt, check=False)
