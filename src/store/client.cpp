@@ -419,7 +419,11 @@ bool Client::down(size_t index, int64_t now) const {
 void Client::mark_down(size_t index) {
   if (index >= kMaxNodes) return;
   const int64_t failed_ms = now_ms();
-  if (!down(index, failed_ms)) {
+  const bool was_down = down(index, failed_ms);
+  // Marked before the map is reloaded, so that the reload asks it last: a node that hangs
+  // (accepts, never answers) would cost a second I/O timeout, every reader waiting behind it.
+  down_until_ms_[index].store(failed_ms + kNodeDownFor.count(), std::memory_order_relaxed);
+  if (!was_down) {
     // Reads routed around it go by the map's word on the shard's other copies, and a map asked
     // for before the failure may have their roles wrong: a failover since then left a "primary"
     // that is a replica now and answers MOVED to the node that just failed (every read of the

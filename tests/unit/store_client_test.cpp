@@ -831,6 +831,51 @@ TEST_F(ClusterTest, ReadsFromPrimariesGoToTheReplicaWhileTheirPrimaryIsDown) {
   EXPECT_TRUE(read_all) << "the router never read past the dead primary";
 }
 
+// A primary that hangs (SIGSTOP: it accepts connections and answers nothing) costs a read of its
+// shard one I/O timeout, then its replica answers. Before, the failure reloaded the map asking the
+// primaries first, the hung one among them, for a second I/O timeout (20 s in a mount by default,
+// with every reader of the mount stalled behind it; found by an audit).
+TEST_F(ClusterTest, AHungPrimaryCostsAReadOfItsShardOneIoTimeoutNotTwo) {
+  spoil();  // a node paused
+  const std::vector<std::string> keys = keys_over_slots(300);
+  write_keys_listed(keys);
+  const int victim = owner_of(0);  // the map lists it first among the primaries (slot order)
+  const int seed = victim == primaries_[0] ? primaries_[1] : primaries_[0];
+  constexpr auto kIoTimeout = 3000ms;
+  Client client({tcp(seed)},
+                ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = kIoTimeout}});
+  client.refresh_topology();
+  std::vector<std::string> victim_keys;
+  for (const std::string& key : keys) {
+    if (client.primary_address(key) == "127.0.0.1:" + std::to_string(victim)) {
+      victim_keys.push_back(key);
+    }
+  }
+  ASSERT_FALSE(victim_keys.empty());
+  int pid = 0;
+  for (const LocalClusterNodeStatus& node : shared_->cluster.status().nodes) {
+    if (node.port == victim) pid = node.pid;
+  }
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto began = std::chrono::steady_clock::now();
+  std::vector<ValueReply> got;
+  try {
+    got = client.get_values(victim_keys, 8, 20s);
+  } catch (...) {
+    ::kill(pid, SIGCONT);
+    throw;
+  }
+  const auto waited = std::chrono::steady_clock::now() - began;
+  ::kill(pid, SIGCONT);
+  for (size_t i = 0; i < victim_keys.size(); ++i) {
+    EXPECT_EQ(text(got[i]), value_of(victim_keys[i]));
+  }
+  // One I/O timeout and the replica's answer; two timeouts would be 6 s.
+  EXPECT_LT(waited, kIoTimeout * 5 / 3)
+      << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms";
+}
+
 // Readers stalled on a shard with no copy left each retry within their budget; the map is
 // loaded at most about once per 200 ms between them all, not by each reader at each retry
 // (before: about 16 readers x 5 retries, each on a fresh connection).
