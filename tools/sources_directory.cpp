@@ -100,6 +100,7 @@ class DirectorySource final : public Source {
     ino_t inode;
     bool operator==(const DirectoryId&) const = default;
   };
+  using FileId = DirectoryId;
 
   // `ancestors`: the directories from the root down to relative_dir, to detect symlink loops.
   void walk(const std::string& relative_dir, std::vector<DirectoryId>& ancestors,
@@ -185,6 +186,7 @@ class DirectorySource final : public Source {
         file.mtime_ns = detail::mtime_ns_of(st);
         file.mode = st.st_mode & 07777u;
         contents.files.push_back(std::move(file));
+        walked_files_.push_back(FileId{st.st_dev, st.st_ino});
       } else {
         spdlog::warn("skipping '{}': {}", store::log_text(path), file_type_name(st.st_mode));
         ++contents.skipped;
@@ -225,6 +227,15 @@ class DirectorySource final : public Source {
       throw std::runtime_error(
           fmt::format("'{}' stopped being a regular file while ingesting", store::log_text(path)));
     }
+    // The file the walk checked, and no other: a path whose file or directory was swapped for a
+    // link since (to a file outside the tree, which --symlinks inside and none promise never to
+    // read) now opens another inode.
+    if (walked_files_.at(file.object_id) != FileId{st.st_dev, st.st_ino}) {
+      throw std::runtime_error(fmt::format(
+          "'{}' was replaced while being ingested (another file is there than at the walk); "
+          "ingest again once the tree is stable",
+          store::log_text(path)));
+    }
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     ObjectStream stream(sink, file.object_id, options_.chunk_size, options_.checksum, file.size);
     for (;;) {
@@ -241,7 +252,7 @@ class DirectorySource final : public Source {
       throw std::runtime_error(fmt::format(
           "'{}' changed while being ingested (size {} at the walk, {} bytes read); ingest again "
           "once it is stable",
-          path, file.size, digest.size));
+          store::log_text(path), file.size, digest.size));
     }
     file.checksum = digest.checksum;
   }
@@ -249,6 +260,7 @@ class DirectorySource final : public Source {
   std::string root_;
   std::string real_root_;  // root_ with every symlink resolved, to tell where links lead
   SourceOptions options_;
+  std::vector<FileId> walked_files_;  // [object id]: what the walk found at each file's path
 };
 
 }  // namespace

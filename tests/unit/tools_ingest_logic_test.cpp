@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -455,6 +456,50 @@ TEST(DirectorySource, WalksSortedSkipsSpecialFilesAndReadsEveryFile) {
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(sink.pieces().count({big->object_id, true, 2}), 1u);
   EXPECT_EQ(sink.pieces().count({big->object_id, true, 3}), 0u);
+}
+
+// Between the walk and the reads, a file is swapped for a symlink to a file outside the tree, or
+// a directory for a link to an outside one (someone who can write the tree, racing the ingest).
+// With --symlinks inside or none nothing outside is ever read: the read finds another file than
+// the walk did and the ingest fails, naming it. Before, the read reopened the path and followed
+// the new link (an audit published a root-only file through a mount).
+class SwapAfterWalkSink : public MemorySink {
+ public:
+  explicit SwapAfterWalkSink(std::function<void()> swap) : swap_(std::move(swap)) {}
+  void expect_totals(uint64_t, uint64_t) override { swap_(); }
+
+ private:
+  std::function<void()> swap_;
+};
+
+TEST(DirectorySource, AFileSwappedForALinkOutsideAfterTheWalkIsNeverRead) {
+  for (const SymlinkPolicy policy : {SymlinkPolicy::kInside, SymlinkPolicy::kNone}) {
+    for (const bool swap_directory : {false, true}) {
+      TempDir tmp;
+      const fs::path root = tmp.path() / "tree";
+      write_file(root / "c" / "img.jpg", "inside!");
+      write_file(tmp.path() / "outside" / "img.jpg", "SECRET!");  // the same size
+      SwapAfterWalkSink sink([&] {
+        if (swap_directory) {
+          fs::rename(root / "c", root / "c.old");
+          fs::create_symlink(tmp.path() / "outside", root / "c");
+        } else {
+          fs::remove(root / "c" / "img.jpg");
+          fs::create_symlink(tmp.path() / "outside" / "img.jpg", root / "c" / "img.jpg");
+        }
+      });
+      SourceOptions options;
+      options.symlinks = policy;
+      try {
+        make_directory_source(root, options)->read(sink);
+        ADD_FAILURE() << "the swapped file was read (directory swapped: " << swap_directory << ")";
+      } catch (const std::runtime_error& e) {
+        EXPECT_THAT(e.what(), HasSubstr("was replaced while being ingested"));
+        EXPECT_THAT(e.what(), HasSubstr("c/img.jpg"));
+      }
+      for (uint64_t id = 0; id < 2; ++id) EXPECT_NE(sink.object(id), "SECRET!");
+    }
+  }
 }
 
 TEST(DirectorySource, StopsWhenTheSinkAsksTo) {
