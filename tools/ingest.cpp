@@ -245,7 +245,11 @@ IngestResult run_ingest(store::Client& client, const catalog::KeySchema& keys,
     for (;;) {
       try {
         check_nothing_lost(false);
-        catalog::publish(client, keys, info, catalog);
+        // A stop that comes while the manifest is written still publishes nothing (writing a
+        // large manifest far from Redis takes seconds).
+        catalog::publish(client, keys, info, catalog, [&] {
+          if (stop_requested()) throw IngestInterrupted("interrupted");
+        });
         break;
       } catch (const store::ConnectionError& e) {
         if (!publish_backoff.wait()) throw;

@@ -509,7 +509,7 @@ uint64_t begin_generation(store::Client& client, const KeySchema& keys, const st
 }
 
 void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
-             const Catalog& catalog) {
+             const Catalog& catalog, const std::function<void()>& before_flip) {
   validate_dataset_name(info.name);
   const std::string& name = info.name;
   if (info.generation == 0) {
@@ -552,6 +552,7 @@ void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
   if (!problem.empty()) {
     throw store::ReplyError(fmt::format("publish '{}': {}", name, problem));
   }
+  if (before_flip) before_flip();
 
   // The flip: WATCH makes a concurrent publish of the same name abort ours instead of
   // interleaving; MULTI/EXEC replaces every field at once. info and gens share the dataset's

@@ -89,8 +89,10 @@ uint64_t begin_generation(store::Client& client, const KeySchema& keys, const st
 // Writes the manifest chunks of info.generation, then flips info (MULTI/EXEC, one slot) so the
 // new generation becomes current, then SADDs the name to the datasets set. Fills in
 // info.manifest_* and info.previous_generation. Objects must already be written.
+// `before_flip`, if given, runs once the manifest is written, just before the flip: what it
+// throws leaves the generation unpublished (an ingest interrupted meanwhile).
 void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
-             const Catalog& catalog);
+             const Catalog& catalog, const std::function<void()>& before_flip = {});
 
 // Deletes keys of every generation of `name` except the current one, `keep_previous` published
 // ones before it, and any generation pinned by an unexpired lease (pinned_generations, which

@@ -236,6 +236,27 @@ TEST_F(DatasetTest, RepublishFlipsToTheNewGenerationAndRemembersThePrevious) {
   EXPECT_THAT(list_datasets(*client_, keys_), ElementsAre("ds"));
 }
 
+// What before_flip throws (an ingest stopped while its manifest was written) leaves the
+// generation unpublished: the one published before stays current. Before, a SIGINT in that
+// window was only looked at before the manifest, and the ingest published and exited 0.
+TEST_F(DatasetTest, APublishStoppedBeforeTheFlipPublishesNothing) {
+  const DatasetInfo first = ingest("ds", sample_catalog(1));
+  DatasetInfo second;
+  second.name = "ds";
+  second.generation = begin_generation(*client_, keys_, "ds");
+  const Catalog catalog = sample_catalog(2);
+  write_objects("ds", second.generation, catalog);
+  bool asked = false;
+  EXPECT_THROW(publish(*client_, keys_, second, catalog,
+                       [&] {
+                         asked = true;
+                         throw std::runtime_error("interrupted");
+                       }),
+               std::runtime_error);
+  EXPECT_TRUE(asked);
+  EXPECT_EQ(read_info(*client_, keys_, "ds").generation, first.generation);
+}
+
 TEST_F(DatasetTest, PublishNeverGoesBackToAnOlderGeneration) {
   DatasetInfo slow;
   slow.name = "ds";
