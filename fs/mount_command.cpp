@@ -38,6 +38,7 @@
 #include "fs/metrics_server.h"
 #include "fs/mount.h"
 #include "prefetch/disk_tier.h"
+#include "src/catalog/dataset.h"
 #include "src/catalog/keys.h"
 #include "src/catalog/names.h"
 #include "src/store/embedded_server.h"
@@ -269,6 +270,12 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
                           std::chrono::milliseconds(static_cast<int64_t>(args.lease_ttl_s * 1000)));
   std::vector<prefetch::DatasetSnapshot> datasets =
       load_datasets(*client, keys, args.datasets, &leases);
+  if (const std::string risk = catalog::eviction_risk(*client); !risk.empty()) {
+    spdlog::warn(
+        "{}: files of its datasets can be evicted, and their reads then fail with EIO; set "
+        "maxmemory-policy noeviction",
+        risk);
+  }
   if (datasets.empty()) {
     spdlog::warn(
         "no dataset is published in namespace '{}' on {}; the mount shows only .meta "

@@ -173,6 +173,21 @@ IngestResult run_ingest(store::Client& client, const catalog::KeySchema& keys,
   // The servers that acknowledge our writes; if others answer at publish time (a restart, a
   // failover), acknowledged writes may have been lost with the old ones.
   std::string verified_run_ids = primaries_run_ids(client);
+  // Objects evicted later fail reads of their files with EIO, in this dataset and every other.
+  bool evicting_now = false;
+  if (const std::string risk = catalog::eviction_risk(client, &evicting_now); !risk.empty()) {
+    if (evicting_now) {
+      throw std::runtime_error(fmt::format(
+          "{}: files of '{}' and of every other dataset there would be lost when it fills; set "
+          "maxmemory-policy noeviction (redis-cli CONFIG SET maxmemory-policy noeviction, and in "
+          "its config file), then ingest again",
+          risk, name));
+    }
+    spdlog::warn(
+        "{}: once a maxmemory is set, files of every dataset there can be lost; set "
+        "maxmemory-policy noeviction",
+        risk);
+  }
   const uint64_t generation = catalog::begin_generation(client, keys, name);
   spdlog::debug("ingesting {} '{}' into '{}' generation {}", to_string(source->kind()),
                 source->description(), name, generation);

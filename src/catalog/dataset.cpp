@@ -497,6 +497,40 @@ std::shared_ptr<const Catalog> load_catalog(store::Client& client, const KeySche
   return std::make_shared<const Catalog>(std::move(catalog));
 }
 
+namespace {
+
+// The value of `field` in an INFO reply ("field:value" lines); empty when absent.
+std::string info_field(std::string_view text, std::string_view field) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find_first_of("\r\n", at), text.size());
+    const std::string_view line = text.substr(at, end - at);
+    if (line.size() > field.size() && line.starts_with(field) && line[field.size()] == ':') {
+      return std::string(line.substr(field.size() + 1));
+    }
+    at = end + 1;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string eviction_risk(store::Client& client, bool* limited) {
+  std::string risk;
+  client.for_each_primary([&](store::Connection& conn) {
+    if (!risk.empty()) return;
+    const store::Reply reply = conn.command({"INFO", "memory"});
+    if (!reply.is_string()) return;  // INFO not allowed (an ACL, a managed service)
+    const std::string policy = info_field(reply.str(), "maxmemory_policy");
+    if (!policy.starts_with("allkeys-")) return;
+    const std::string maxmemory = info_field(reply.str(), "maxmemory");
+    if (limited) *limited = !maxmemory.empty() && maxmemory != "0";
+    risk = fmt::format("Redis at {} evicts any key when full (maxmemory-policy {}, maxmemory {})",
+                       conn.endpoint().describe(), policy,
+                       maxmemory.empty() || maxmemory == "0" ? std::string("not set") : maxmemory);
+  });
+  return risk;
+}
+
 uint64_t begin_generation(store::Client& client, const KeySchema& keys, const std::string& name) {
   validate_new_dataset_name(name);
   const long long gen =

@@ -83,6 +83,13 @@ DatasetInfo parse_info(const std::string& name, const std::vector<std::string>& 
 std::shared_ptr<const Catalog> load_catalog(store::Client& client, const KeySchema& keys,
                                             const DatasetInfo& info);
 
+// How a Redis that evicts keys would lose objects of every dataset on it, without a word: for
+// the first primary whose maxmemory-policy is allkeys-* (any key may be evicted when it is full),
+// "Redis at NODE evicts any key when full (maxmemory-policy P, maxmemory N)"; empty when none
+// does, or INFO is not allowed. `*limited` (if given) is set when that node has a maxmemory, so
+// eviction can start now (without one it starts only once a maxmemory is set).
+std::string eviction_risk(store::Client& client, bool* limited = nullptr);
+
 // Allocates a fresh generation number (INCR nextgen) and records it in the gens set.
 uint64_t begin_generation(store::Client& client, const KeySchema& keys, const std::string& name);
 

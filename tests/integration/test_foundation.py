@@ -334,6 +334,28 @@ class CommandErrorsTest(DsfsTestCase):
         run([DSFS, "umount", mnt], env=self.env)
         self.assertFalse(is_mounted(mnt))
 
+    def test_a_redis_that_evicts_any_key_is_refused_for_ingest(self):
+        # Found by an audit: into a Redis with maxmemory-policy allkeys-lru, ingest said
+        # "ingested" while objects of it and of the dataset before were evicted (EIO on reads).
+        self.redis.cli("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        self.redis.cli("CONFIG", "SET", "maxmemory", "1gb")
+        res = self.dsfs("ingest", SOURCE, "--dataset", "ev", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("maxmemory-policy allkeys-lru", res.stderr)
+        self.assertIn("noeviction", res.stderr)
+        self.assertEqual(self.redis.cli("DBSIZE").strip(), "0")
+        # Without a maxmemory it cannot evict yet: ingest and mount warn.
+        self.redis.cli("CONFIG", "SET", "maxmemory", "0")
+        res = self.dsfs("ingest", SOURCE, "--dataset", "ev")
+        self.assertIn("allkeys-lru", res.stderr)
+        mnt = os.path.join(self.tmp, "evm")
+        os.makedirs(mnt)
+        self.mounts.append(mnt)
+        res = self.dsfs("mount", mnt)
+        self.assertIn("allkeys-lru", res.stderr)
+        run(["diff", "-r", SOURCE, os.path.join(mnt, "ev")])
+        self.redis.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+
     def test_unreachable_redis(self):
         os.makedirs(os.path.join(self.tmp, "m"))
         dead_port = free_port()  # nothing listens there

@@ -257,6 +257,23 @@ TEST_F(DatasetTest, APublishStoppedBeforeTheFlipPublishesNothing) {
   EXPECT_EQ(read_info(*client_, keys_, "ds").generation, first.generation);
 }
 
+// A Redis whose maxmemory-policy lets it evict any key is named, with whether it can evict now
+// (a maxmemory is set); noeviction and volatile-* policies (dataset keys have no TTL) are not.
+TEST_F(DatasetTest, ARedisThatEvictsAnyKeyIsNamed) {
+  bool limited = true;
+  EXPECT_EQ(eviction_risk(*client_, &limited), "");
+  client_->command({"CONFIG", "SET", "maxmemory-policy", "allkeys-lru"}).expect_ok("CONFIG SET");
+  EXPECT_THAT(eviction_risk(*client_, &limited), HasSubstr("maxmemory-policy allkeys-lru"));
+  EXPECT_FALSE(limited);
+  client_->command({"CONFIG", "SET", "maxmemory", "1000000000"}).expect_ok("CONFIG SET");
+  EXPECT_THAT(eviction_risk(*client_, &limited), HasSubstr("maxmemory 1000000000"));
+  EXPECT_TRUE(limited);
+  client_->command({"CONFIG", "SET", "maxmemory-policy", "volatile-lru"}).expect_ok("CONFIG SET");
+  EXPECT_EQ(eviction_risk(*client_), "");
+  client_->command({"CONFIG", "SET", "maxmemory", "0"}).expect_ok("CONFIG SET");
+  client_->command({"CONFIG", "SET", "maxmemory-policy", "noeviction"}).expect_ok("CONFIG SET");
+}
+
 TEST_F(DatasetTest, PublishNeverGoesBackToAnOlderGeneration) {
   DatasetInfo slow;
   slow.name = "ds";
