@@ -80,20 +80,16 @@ std::optional<std::string> password_from_outside_argv(const GlobalOptions& optio
   return std::nullopt;
 }
 
-// The password from outside argv, if any, replaces each endpoint's (read once: a password
-// file is read only once however many seeds there are).
-std::vector<store::RedisEndpoint> with_password(std::vector<store::RedisEndpoint> endpoints,
-                                                const GlobalOptions& options) {
-  if (auto password = password_from_outside_argv(options)) {
-    for (store::RedisEndpoint& endpoint : endpoints) endpoint.password = *password;
-  }
-  return endpoints;
-}
-
-std::vector<store::RedisEndpoint> parse_seed_list(std::string_view list) {
+// The seeds of a --redis list; the password from outside argv, if any, replaces each one's
+// (read once: a password file is read only once however many seeds there are), and lets a URL
+// name an ACL user alone (`USER@`).
+std::vector<store::RedisEndpoint> parse_seed_list(std::string_view list,
+                                                  const GlobalOptions& options) {
+  const std::optional<std::string> password = password_from_outside_argv(options);
   std::vector<store::RedisEndpoint> seeds;
   for (const std::string_view url : split_redis_urls(list)) {
-    seeds.push_back(store::parse_redis_url(url));
+    seeds.push_back(store::parse_redis_url(url, password.has_value()));
+    if (password) seeds.back().password = *password;
   }
   return seeds;
 }
@@ -150,10 +146,10 @@ void scrub_secrets_from_argv(int argc, char** argv) {
 
 std::vector<store::RedisEndpoint> resolve_seeds(const GlobalOptions& options) {
   if (!options.redis_url.empty()) {
-    return with_password(parse_seed_list(options.redis_url), options);
+    return parse_seed_list(options.redis_url, options);
   }
   if (const char* url = std::getenv("DSFS_REDIS"); url && *url) {
-    return with_password(parse_seed_list(url), options);
+    return parse_seed_list(url, options);
   }
   // What `dsfs server start` runs: the local cluster when it runs (it and the single server
   // never run together), else the single server, started on demand. A cluster whose state file

@@ -120,10 +120,19 @@ void apply_query(std::string_view url, std::string_view query, RedisEndpoint& en
   endpoint.db = parse_db(url, query.substr(3));
 }
 
-void apply_user_info(std::string_view url, std::string_view user_info, RedisEndpoint& endpoint) {
+void apply_user_info(std::string_view url, std::string_view user_info, RedisEndpoint& endpoint,
+                     bool password_given_apart) {
   const size_t colon = user_info.find(':');
   if (colon == std::string_view::npos) {
-    reject(url, "credentials must be ':PASSWORD@' or 'USER:PASSWORD@' (missing ':')");
+    if (password_given_apart) {
+      endpoint.user = percent_decode(url, user_info, "user name");
+      if (endpoint.user.empty()) reject(url, "empty user name before '@'");
+      return;
+    }
+    reject(url,
+           "credentials must be ':PASSWORD@' or 'USER:PASSWORD@' (missing ':'); an ACL user "
+           "whose password stays out of the URL is 'USER@' with --redis-password-file or "
+           "$DSFS_REDIS_PASSWORD");
   }
   endpoint.user = percent_decode(url, user_info.substr(0, colon), "user name");
   endpoint.password = percent_decode(url, user_info.substr(colon + 1), "password");
@@ -222,7 +231,7 @@ std::string RedisEndpoint::describe() const {
   return text;
 }
 
-RedisEndpoint parse_redis_url(std::string_view url) {
+RedisEndpoint parse_redis_url(std::string_view url, bool password_given_apart) {
   RedisEndpoint endpoint;
   if (url.empty()) reject(url, "empty URL");
   if (url.find_first_of(" \t\r\n") != std::string_view::npos) reject(url, "contains whitespace");
@@ -235,7 +244,8 @@ RedisEndpoint parse_redis_url(std::string_view url) {
   }
   std::string_view rest = url.substr(tcp ? kTcpScheme.size() : kUnixScheme.size());
   if (const auto info = find_user_info(url)) {
-    apply_user_info(url, url.substr(info->begin, info->end - info->begin), endpoint);
+    apply_user_info(url, url.substr(info->begin, info->end - info->begin), endpoint,
+                    password_given_apart);
     rest = url.substr(info->end + 1);
   }
   if (tcp) {

@@ -22,6 +22,9 @@ struct RedisEndpoint {
 // Parses `redis://[[user]:password@]host[:port][/db]` and `unix:///path/to.sock[?db=N]`
 // (percent-escapes in user and password are decoded). Throws std::invalid_argument whose
 // message names the URL (password redacted) and what is wrong with it.
-RedisEndpoint parse_redis_url(std::string_view url);
+// `password_given_apart`: the caller has the password from elsewhere (a file, the environment),
+// so `USER@` (an ACL user with no ':') is a user name; otherwise it is refused, as it may be a
+// password missing its ':' (which argv scrubbing would then not hide).
+RedisEndpoint parse_redis_url(std::string_view url, bool password_given_apart = false);
 
 }  // namespace dsfs::store

@@ -66,3 +66,28 @@ class SecretsTest(DsfsTestCase):
                    os.path.join(self.tmp, "missing")], env=self.env, check=False)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("--redis-password-file", res.stderr)
+
+    def test_an_acl_user_in_the_url_takes_its_password_from_the_file(self):
+        # docs/deploy.md: the user stays in the URL (redis://USER@HOST:PORT), the password in
+        # the file or environment. Found by an audit: 'USER@' was refused ("missing ':'").
+        self.redis.cli("ACL", "SETUSER", "reader", "on", ">reader-pw", "~*", "+@all")
+        secret_file = os.path.join(self.tmp, "reader-password")
+        with open(secret_file, "w") as f:
+            f.write("reader-pw\n")
+        os.chmod(secret_file, 0o600)
+        url = f"redis://reader@127.0.0.1:{self.redis.port}"
+        listing = run([DSFS, "list", "--redis", url, "--redis-password-file", secret_file],
+                      env=self.env)
+        self.assertIn("ds", listing.stdout)
+        env = dict(self.env, DSFS_REDIS_PASSWORD="reader-pw")
+        self.assertIn("ds", run([DSFS, "list", "--redis", url], env=env).stdout)
+        # The user's password, not the default user's: a wrong one is refused.
+        env = dict(self.env, DSFS_REDIS_PASSWORD=PASSWORD)
+        res = run([DSFS, "list", "--redis", url], env=env, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        # Without a password from outside, 'USER@' may be a password missing its ':': refused,
+        # saying how to name a user, and not echoed.
+        res = run([DSFS, "list", "--redis", url], env=self.env, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("USER@", res.stderr)
+        self.assertNotIn("reader@", res.stderr)

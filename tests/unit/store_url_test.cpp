@@ -184,6 +184,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadUrl{"unix://hunter2@/s.sock", "missing ':'"},
         BadUrl{"unix://:@/s.sock", "empty password"}));
 
+// With the password given apart (a file, the environment), 'USER@' names an ACL user.
+TEST(RedisUrlTest, AUserAloneIsAUserWhenThePasswordIsGivenApart) {
+  const RedisEndpoint endpoint = parse_redis_url("redis://reader@h:7000", true);
+  EXPECT_EQ(endpoint.user, "reader");
+  EXPECT_EQ(endpoint.password, "");
+  EXPECT_EQ(endpoint.port, 7000);
+  EXPECT_THROW(parse_redis_url("redis://@h:7000", true), std::invalid_argument);
+  try {
+    parse_redis_url("redis://reader@h:7000");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--redis-password-file"));
+  }
+}
+
 TEST(RedisUrlRedactionTest, PasswordIsRedactedInErrors) {
   try {
     parse_redis_url("redis://alice:hunter2@h:notaport");
