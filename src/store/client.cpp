@@ -174,6 +174,14 @@ void Client::discover(std::chrono::milliseconds budget) {
       const Reply info = conn->command({"INFO", "cluster"});
       const bool cluster =
           info.is_string() && info.str().find("cluster_enabled:1") != std::string::npos;
+      if (!cluster && seeds_.size() > 1) {
+        // Several URLs name the nodes of one cluster; of two single servers, each command
+        // would go to whichever answers (an audit's datasets ended up split between two).
+        throw std::invalid_argument(fmt::format(
+            "Redis at {} is a single server (not in cluster mode), but {} URLs were given: "
+            "several URLs name nodes of one Redis Cluster; give only this server's URL",
+            seed.describe(), seeds_.size()));
+      }
       if (!cluster) {
         // One server: node 0, every slot.
         auto topology = std::make_shared<Topology>();
