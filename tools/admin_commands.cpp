@@ -64,7 +64,22 @@ void list_command(const cli::GlobalOptions& global, bool as_json) {
   const catalog::KeySchema keys(global.ns);
   const std::shared_ptr<store::Client> client = cli::make_client(global);
   // A damaged dataset is shown as such, with its reason; it never hides the others.
-  const std::vector<catalog::DatasetStatus> statuses = catalog::list_dataset_status(*client, keys);
+  std::vector<std::string> unpublished;
+  const std::vector<catalog::DatasetStatus> statuses =
+      catalog::list_dataset_status(*client, keys, &unpublished);
+  // Keys of a first ingest that never published are invisible otherwise (an audit found 80 MB
+  // of them left by a killed ingest, with nothing saying so).
+  if (!unpublished.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unpublished.size() && i < 10; ++i) {
+      names += fmt::format("{}'{}'", i == 0 ? "" : ", ", store::log_text(unpublished[i], 128));
+    }
+    if (unpublished.size() > 10) names += fmt::format(" and {} more", unpublished.size() - 10);
+    fmt::print(stderr,
+               "not published: {} (an ingest of it is running, or one stopped before publishing "
+               "and left what it wrote; `dsfs rm NAME` removes that, or ingest it again)\n",
+               names);
+  }
   if (as_json) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& status : statuses) {

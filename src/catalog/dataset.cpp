@@ -294,7 +294,8 @@ bool flip_generation(store::Client& client, const std::string& name, const std::
 
 }  // namespace
 
-std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys) {
+std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys,
+                                       std::vector<std::string>* unpublished) {
   auto names = string_elements(client.command({"SMEMBERS", keys.datasets()}),
                                fmt::format("SMEMBERS {}", keys.datasets()));
   // begin_generation adds a name before its first publish (so a crash between the info flip
@@ -306,15 +307,21 @@ std::vector<std::string> list_datasets(store::Client& client, const KeySchema& k
   // Each dataset's info lives on its own slot: replies come in any order, hence the sort.
   client.pipeline(exists, kExistsWindow, [&](size_t i, const store::Reply& reply) {
     reply.expect_ok("EXISTS info");
-    if (reply.integer() != 0) published.push_back(names[i]);
+    if (reply.integer() != 0) {
+      published.push_back(names[i]);
+    } else if (unpublished) {
+      unpublished->push_back(names[i]);
+    }
   });
   std::sort(published.begin(), published.end());
+  if (unpublished) std::sort(unpublished->begin(), unpublished->end());
   return published;
 }
 
-std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeySchema& keys) {
+std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeySchema& keys,
+                                               std::vector<std::string>* unpublished) {
   std::vector<DatasetStatus> statuses;
-  for (const std::string& name : list_datasets(client, keys)) {
+  for (const std::string& name : list_datasets(client, keys, unpublished)) {
     DatasetStatus& status = statuses.emplace_back();
     status.name = store::log_text(name);
     if (!is_valid_dataset_name(name)) {

@@ -53,8 +53,11 @@ struct DatasetInfo {
 };
 
 // Published datasets (those whose info key exists), sorted. A name in the set that is not a valid
-// dataset name is listed too; read_info reports it as damaged.
-std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys);
+// dataset name is listed too; read_info reports it as damaged. `unpublished` (if given) gets the
+// names in the set with no info, sorted: an ingest running, or one interrupted before its first
+// publish that left its objects (dsfs rm removes them).
+std::vector<std::string> list_datasets(store::Client& client, const KeySchema& keys,
+                                       std::vector<std::string>* unpublished = nullptr);
 
 // One dataset of a listing: its info, or why it cannot be served.
 struct DatasetStatus {
@@ -67,7 +70,8 @@ struct DatasetStatus {
 // generation names exists (one pipelined EXISTS each; the manifest's checksum is checked when a
 // mount loads it). A damaged dataset is reported in `damage`, never thrown: one bad dataset does
 // not hide the others. Throws store errors only (Redis unreachable, the datasets set damaged).
-std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeySchema& keys);
+std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeySchema& keys,
+                                               std::vector<std::string>* unpublished = nullptr);
 
 // Throws DatasetNotFound ("dataset 'x' not found in namespace 'dsfs' on <endpoint>; see
 // `dsfs list`"), DatasetDamaged if the hash is corrupt or not a hash (or the name stored in the

@@ -124,8 +124,13 @@ TEST_F(DatasetTest, NameIsRecordedAtBeginButListedOnlyOncePublished) {
   begin_generation(*client_, keys_, "ds");
   EXPECT_EQ(client_->command({"SISMEMBER", keys_.datasets(), "ds"}).integer(), 1);
   EXPECT_TRUE(list_datasets(*client_, keys_).empty());
+  std::vector<std::string> unpublished;
+  EXPECT_TRUE(list_datasets(*client_, keys_, &unpublished).empty());
+  EXPECT_THAT(unpublished, ElementsAre("ds"));  // what dsfs list names on stderr
   ingest("ds", sample_catalog(1));
-  EXPECT_THAT(list_datasets(*client_, keys_), ElementsAre("ds"));
+  unpublished.clear();
+  EXPECT_THAT(list_datasets(*client_, keys_, &unpublished), ElementsAre("ds"));
+  EXPECT_TRUE(unpublished.empty());
 }
 
 TEST_F(DatasetTest, PublishThenLoadRoundTrips) {
