@@ -22,6 +22,7 @@
 #include "fs/virtual_files.h"
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
+#include "src/store/thread_name.h"
 
 namespace dsfs::fs {
 namespace {
@@ -145,6 +146,46 @@ Filesystem::Filesystem(std::shared_ptr<store::Client> client,
 Filesystem::~Filesystem() {
   watcher_.stop();
   engine_.stop();
+}
+
+void Filesystem::drop_pages_later(uint64_t inode) {
+  if (!refused_write_logged_.exchange(true)) {
+    spdlog::warn(
+        "refused a write to read-only inode {} of the mount: a process opened one of its files "
+        "for writing (root may). Through a shared writable mapping (e.g. numpy's "
+        "mmap_mode='r+') that changes the kernel's cached pages in place: they are dropped now, "
+        "so that readers get the dataset's bytes again, but they may have read the changed ones "
+        "until then. Open dataset files read-only, or mount with -o ro where no plan is "
+        "written (logged once)",
+        inode);
+  }
+  std::lock_guard lock(drop_mutex_);
+  drop_pending_.insert(inode);
+  if (!drop_thread_.joinable()) {
+    drop_thread_ = std::jthread([this](std::stop_token stop) { drop_pages_loop(std::move(stop)); });
+  }
+  drop_work_.notify_one();
+}
+
+void Filesystem::drop_pages_loop(std::stop_token stop) {
+  name_this_thread("drop-pages");
+  for (;;) {
+    std::set<uint64_t> inodes;
+    {
+      std::unique_lock lock(drop_mutex_);
+      if (!drop_work_.wait(lock, stop, [&] { return !drop_pending_.empty(); })) return;
+      inodes.swap(drop_pending_);
+    }
+    MutexLock lock(session_mutex_);
+    if (session_ == nullptr) continue;
+    for (const uint64_t inode : inodes) {
+      const int error = fuse_lowlevel_notify_inval_inode(session_, inode, 0, 0);
+      if (error != 0 && error != -ENOENT) {
+        spdlog::warn("cannot drop the kernel's pages of inode {}: {}", inode,
+                     std::strerror(-error));
+      }
+    }
+  }
 }
 
 void Filesystem::attach_session(fuse_session* session) {
@@ -585,7 +626,13 @@ struct Handlers {
       const int error = t.node ? t.node->write(t.ref, static_cast<uint64_t>(off),
                                                std::string_view(data, size), context)
                                : EROFS;
-      if (error != 0) return fail(fs, req, error);
+      if (error != 0) {
+        fail(fs, req, error);
+        // A writable open of a read-only file (root's): if this is a shared mapping's
+        // writeback, the page cache holds its bytes now (drop_pages_later).
+        if (error == EROFS) fs.drop_pages_later(ino);
+        return;
+      }
       fuse_reply_write(req, size);
     });
   }

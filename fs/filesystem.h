@@ -2,10 +2,16 @@
 // The read-only filesystem behind a mount: FUSE low-level request handlers over the mounted
 // datasets' catalogues, the generated files and the read path.
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/backend.h"
@@ -149,6 +155,14 @@ class Filesystem {
   void datasets_changed(const std::vector<std::string>& names);
   // Renders one snapshot of every counter with `render`: stats.json and /metrics share it.
   std::string render_snapshot(std::string (*render)(const StatsSources&)) const;
+  // A write to a read-only file was refused: the kernel's cached pages of `inode` are dropped
+  // soon, from a thread of its own (started at the first). Root may open any file O_RDWR (the
+  // kernel sends no OPEN to refuse it) and map it shared and writable: its stores change the
+  // page cache in place, and a refused writeback would leave the changed bytes there for every
+  // reader. Dropping them from the handler could wait on pages whose writeback waits for
+  // another handler's reply.
+  void drop_pages_later(uint64_t inode);
+  void drop_pages_loop(std::stop_token stop);
 
   FilesystemOptions options_;
   MountTree tree_;
@@ -171,6 +185,12 @@ class Filesystem {
   DatasetWatcher watcher_;
   // Last: its thread reads counters_ and fetcher_.
   MemoryTrimmer trimmer_;
+  // drop_pages_later's inodes and thread; the thread is declared last, so it stops first.
+  std::mutex drop_mutex_;
+  std::condition_variable_any drop_work_;
+  std::set<uint64_t> drop_pending_;  // guarded by drop_mutex_
+  std::atomic<bool> refused_write_logged_{false};
+  std::jthread drop_thread_;  // started (under drop_mutex_) at the first refused write
   // The kernel skips OPEN and RELEASE for files (FUSE_CAP_NO_OPEN_SUPPORT): set by init.
   bool no_open_ = false;
   // Nor OPENDIR and RELEASEDIR for directories (FUSE_CAP_NO_OPENDIR_SUPPORT): set by init.

@@ -1,6 +1,8 @@
 """The read path's kernel round trips through a real `dsfs mount`: files skip OPEN/RELEASE, an
 image up to the readahead arrives in one READ, and a re-read comes from the page cache."""
+import mmap
 import os
+import time
 import unittest
 
 from harness import DsfsTestCase
@@ -62,6 +64,35 @@ class ReadPathTest(DsfsTestCase):
         after = self.stats(mnt)
         self.assertEqual(self.reads_between(before, after), 0)
         self.assertEqual(after["bytes_read"], before["bytes_read"])
+
+    def test_a_shared_writable_mapping_does_not_change_what_readers_get_for_good(self):
+        # Root may open a dataset file O_RDWR (the kernel sends no OPEN to refuse it) and map it
+        # shared and writable: its stores change the page cache in place, and the writeback is
+        # refused. Found by an audit: every later reader got the changed bytes, for good. The
+        # mount now drops the file's pages once a write to it is refused.
+        mnt = self.mount()
+        path = os.path.join(mnt, "rp", "cls", "image.bin")
+        with open(os.path.join(self.tmp, "src", "cls", "image.bin"), "rb") as f:
+            want = f.read()
+        self.assertEqual(self.read_all(path), want)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            m = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            m[0:8] = b"CORRUPT!"
+            try:
+                m.flush()  # msync: the writeback, refused
+            except OSError:
+                pass
+            m.close()
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + 30
+        while self.read_all(path) != want:
+            self.assertLess(time.monotonic(), deadline, "readers still get the mapping's bytes")
+            time.sleep(0.05)
+        log = os.path.join(self.env["DSFS_HOME"], "logs", "mount-mnt.log")
+        with open(log, errors="replace") as f:
+            self.assertIn("refused a write to read-only inode", f.read())
 
     def test_readahead_zero_keeps_the_kernel_default(self):
         mnt = self.mount("--readahead", "0")
