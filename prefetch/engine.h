@@ -145,8 +145,9 @@ class PrefetchEngine {
   void record_access(uint32_t dataset, uint32_t entry);
 
   // The datasets to predict for changed (a dataset appeared, went or was refreshed): predicts
-  // for those of `active` (indices in the table) from now on. What was learnt is dropped, and
-  // the plan with it; accesses to other datasets are served but not predicted from.
+  // for those of `active` (indices in the table) from now on. What was learnt is dropped; what
+  // is unread of each writer's plan, for the datasets of `active`, carries over. Accesses to
+  // other datasets are served but not predicted from.
   void reshape(std::span<const uint32_t> active);
 
   // A file a plan names, resolved by the plan file (fs/nodes/plan_file.h): dataset index and

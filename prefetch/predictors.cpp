@@ -197,6 +197,12 @@ bool PlanPredictor::append(FileId file) {
   return true;
 }
 
+void PlanPredictor::for_each_unread(const std::function<void(FileId)>& fn) const {
+  for (uint64_t p = frontier_; p < plan_.size(); ++p) {
+    if (!read_[p]) fn(plan_[p]);
+  }
+}
+
 bool PlanPredictor::observe(FileId file) {
   const uint32_t d = dataset_of(file);
   const uint32_t e = entry_of(file);
@@ -302,6 +308,14 @@ bool PlansPredictor::append(Writer writer, FileId file) {
   if (!plan->append(file)) return false;
   ++entries_;
   return true;
+}
+
+uint64_t PlansPredictor::carry_unread_from(const PlansPredictor& other) {
+  uint64_t carried = 0;
+  for (const auto& [writer, plan] : other.plans_) {
+    plan->for_each_unread([&, w = writer](FileId file) { carried += append(w, file) ? 1 : 0; });
+  }
+  return carried;
 }
 
 void PlansPredictor::forget(Writer writer) {
@@ -506,6 +520,12 @@ bool PredictionModel::plan_append(PlansPredictor::Writer writer, FileId file) {
 }
 void PredictionModel::plan_forget(PlansPredictor::Writer writer) {
   plan_->forget(writer);
+}
+
+uint64_t PredictionModel::carry_plans_from(const PredictionModel& old) {
+  const uint64_t carried = plan_->carry_unread_from(*old.plan_);
+  if (carried > 0) plan_published(false);
+  return carried;
 }
 
 bool PredictionModel::plan_published(bool replaced) {

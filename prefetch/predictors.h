@@ -3,6 +3,7 @@
 // many of the next real accesses it foresaw, and the best one leads the prefetching. Pure logic
 // (no I/O, no clock), so it is tested on synthetic traces.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -173,6 +174,8 @@ class PlanPredictor final : public Predictor {
   bool append(FileId file);
   uint64_t entries() const { return plan_.size(); }
   uint64_t position() const { return frontier_; }  // entries read, counting from the start
+  // Calls `fn` with each entry not read yet, in order.
+  void for_each_unread(const std::function<void(FileId)>& fn) const;
   // How far past the frontier the plan lists `file` unread, if it does.
   std::optional<uint64_t> distance(FileId file) const;
   // How far past the frontier the last proposal was.
@@ -221,6 +224,9 @@ class PlansPredictor final : public Predictor {
   uint64_t position() const;             // entries read, every plan's
   bool lists_unread(FileId file) const;  // some plan lists `file` at a position not read yet
   size_t writers() const { return plans_.size(); }
+  // Appends to this one what `other` (of another shape) has not read yet of each writer's plan,
+  // in order; entries this shape lacks are dropped. Returns the entries carried.
+  uint64_t carry_unread_from(const PlansPredictor& other);
 
  private:
   PlanPredictor* find(Writer writer) const;
@@ -291,6 +297,10 @@ class PredictionModel {
   // replaced its writer's last one begins a new epoch.
   // Returns whether it began a new epoch.
   bool plan_published(bool replaced);
+  // After a reshape (a dataset published or removed): what `old` had not read yet of every
+  // writer's plan, for the datasets this shape keeps, is this model's plan, and leads. Returns
+  // the entries carried.
+  uint64_t carry_plans_from(const PredictionModel& old);
   // Before any read: guess `dataset`'s files as the unread set does (a shuffled epoch of it is
   // coming), so that propose() has files of it to offer.
   void expect_dataset(uint32_t dataset);

@@ -249,6 +249,29 @@ TEST_F(PrefetchEngineTest, OnlyTheDatasetsAReshapeKeepsAreFetchedAhead) {
   for (uint32_t i = 40; i < kFiles; ++i) read_and_check(order[i]);
 }
 
+// Another dataset published or removed reshapes the engine: the plan's unread entries, for the
+// datasets kept, are followed on. Before, the plan was dropped with the old model, and a planned
+// epoch lost its prefetches to an unrelated ingest (found by an audit: 40% misses after it).
+TEST_F(PrefetchEngineTest, AReshapeKeepsWhatIsUnreadOfThePlansForTheDatasetsKept) {
+  make_engine(64 << 20, PrefetchMode::kAuto);
+  std::vector<uint32_t> order(kFiles);
+  for (uint32_t i = 0; i < kFiles; ++i) order[i] = kFiles - 1 - i;
+  plan(order);
+  for (uint32_t i = 0; i < 10; ++i) read_and_check(order[i]);
+  ASSERT_EQ(engine_->stats().plan_position, 10u);
+  engine_->reshape(std::vector<uint32_t>{0});
+  EXPECT_EQ(engine_->stats().plan_entries, kFiles - 10);
+  EXPECT_EQ(engine_->stats().plan_writers, 1u);
+  EXPECT_EQ(engine_->stats().leader, "plan");
+  ASSERT_TRUE(eventually([&] { return cache_->stats().entries >= kFiles - 10; }));
+  const uint64_t misses = reader_->stats().miss;
+  for (uint32_t i = 10; i < kFiles; ++i) read_and_check(order[i]);
+  EXPECT_EQ(reader_->stats().miss, misses) << "the rest of the plan was not fetched ahead";
+  // A reshape without the dataset drops its entries.
+  engine_->reshape(std::vector<uint32_t>{});
+  EXPECT_EQ(engine_->stats().plan_entries, 0u);
+}
+
 // A cache of a tenth of the dataset over several shuffled epochs: objects are evicted and read
 // again all the time, and every read returns the file's bytes; the bound holds throughout.
 TEST_F(PrefetchEngineTest, ReadsStayRightWhileASmallCacheChurns) {
