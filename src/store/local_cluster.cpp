@@ -700,16 +700,24 @@ void request_shutdown(const LocalClusterNodeStatus& node) {
     if (node.pid > 0) ::kill(node.pid, SIGTERM);
     return;
   }
-  try {
-    // On success the node closes the connection instead of replying.
-    const Reply reply = conn->command({"SHUTDOWN", "SAVE"});
-    if (reply.is_error()) {
-      throw std::runtime_error(
-          fmt::format("cluster node 127.0.0.1:{} refused to shut down: {} (see {})", node.port,
-                      reply.str(), node.log_file.string()));
+  // A replica just started may still write its first AOF, and refuses to stop until that is
+  // done ("Errors trying to SHUTDOWN"; a stop right after a start failed so, half the cluster
+  // left running): asked again until it stops or kStopTimeout has passed.
+  const auto deadline = Clock::now() + kStopTimeout;
+  for (;;) {
+    try {
+      // On success the node closes the connection instead of replying.
+      const Reply reply = conn->command({"SHUTDOWN", "SAVE"});
+      if (!reply.is_error()) return;
+      if (Clock::now() >= deadline) {
+        throw std::runtime_error(
+            fmt::format("cluster node 127.0.0.1:{} refused to shut down: {} (see {})", node.port,
+                        reply.str(), node.log_file.string()));
+      }
+      std::this_thread::sleep_for(250ms);
+    } catch (const ConnectionError&) {
+      return;  // the expected end of a successful SHUTDOWN (or a node that hangs: waited out)
     }
-  } catch (const ConnectionError&) {
-    // The expected end of a successful SHUTDOWN.
   }
 }
 
@@ -888,15 +896,30 @@ bool LocalCluster::stop() {
   const redis_process::StartLock lock(cluster_dir / "start.lock", kLockTimeout, kLockRemedy);
   const LocalClusterStatus current = status();
   bool stopped_any = false;
+  std::string failures;
   // Replicas first: a replica still up while its primary stops could take the primary's place.
   for (const bool replicas_pass : {true, false}) {
     std::vector<const LocalClusterNodeStatus*> stopping;
     for (const LocalClusterNodeStatus& node : current.nodes) {
       if (node.running && (node.role == "replica") == replicas_pass) stopping.push_back(&node);
     }
-    for (const auto* node : stopping) request_shutdown(*node);
-    for (const auto* node : stopping) wait_for_node_exit(cluster_dir, *node);
+    // A node that does not stop is reported at the end, after the others were stopped: one
+    // that hangs left every primary running before.
+    for (const auto* node : stopping) {
+      try {
+        request_shutdown(*node);
+        wait_for_node_exit(cluster_dir, *node);
+      } catch (const std::exception& e) {
+        failures += fmt::format("{}{}", failures.empty() ? "" : "; ", e.what());
+      }
+    }
     stopped_any = stopped_any || !stopping.empty();
+  }
+  if (!failures.empty()) {
+    throw std::runtime_error(fmt::format(
+        "{}; the other nodes were stopped (`dsfs server status` shows what still runs; run "
+        "`dsfs server stop` again)",
+        failures));
   }
   return stopped_any;
 }
