@@ -42,6 +42,7 @@
 #include "src/catalog/keys.h"
 #include "src/catalog/names.h"
 #include "src/store/embedded_server.h"
+#include "src/store/errors.h"
 #include "src/store/log_text.h"
 #include "src/store/value_buffer.h"
 
@@ -270,11 +271,16 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
                           std::chrono::milliseconds(static_cast<int64_t>(args.lease_ttl_s * 1000)));
   std::vector<prefetch::DatasetSnapshot> datasets =
       load_datasets(*client, keys, args.datasets, &leases);
-  if (const std::string risk = catalog::eviction_risk(*client); !risk.empty()) {
-    spdlog::warn(
-        "{}: files of its datasets can be evicted, and their reads then fail with EIO; set "
-        "maxmemory-policy noeviction",
-        risk);
+  try {
+    if (const std::string risk = catalog::eviction_risk(*client); !risk.empty()) {
+      spdlog::warn(
+          "{}: files of its datasets can be evicted, and their reads then fail with EIO; set "
+          "maxmemory-policy noeviction",
+          risk);
+    }
+  } catch (const store::ConnectionError& e) {
+    // A primary down (a shard of a cluster) does not keep the mount from serving the others.
+    spdlog::debug("cannot ask every primary for its maxmemory-policy: {}", e.what());
   }
   if (datasets.empty()) {
     spdlog::warn(
