@@ -218,7 +218,8 @@ std::string lease_member(uint64_t gen, std::string_view reader_id) {
 // Throws for anything else (a newer generation published, the generation no longer recorded,
 // any other error reply).
 bool flip_generation(store::Client& client, const std::string& name, const std::string& info_key,
-                     const std::string& gens_key, DatasetInfo& info, std::string& unsettled_reply) {
+                     const std::string& gens_key, const std::string& published_key,
+                     DatasetInfo& info, std::string& unsettled_reply) {
   const auto settled = [&](const store::Reply& reply) {
     if (!reply.is_error() || !store::must_retry_reply(reply.str())) return true;
     unsettled_reply = reply.str();
@@ -278,16 +279,28 @@ bool flip_generation(store::Client& client, const std::string& name, const std::
     hset.push_back(key);
     hset.push_back(value);
   }
+  // The published set records, with the flip, that G was current: GC keeps only such
+  // generations as "previous" (a manifest alone is also left by an ingest killed before its
+  // flip). The generation current until now goes in too, for datasets published before the set.
+  const std::string generation = std::to_string(info.generation);
+  const std::string previous = std::to_string(current_generation);
+  std::vector<std::string_view> sadd = {"SADD", published_key, generation};
+  if (current_generation != 0) sadd.push_back(previous);
   conn.append({"MULTI"});
   conn.append(std::span<const std::string_view>(hset));
+  conn.append(std::span<const std::string_view>(sadd));
   conn.append({"EXEC"});
   const store::Reply multi = conn.read_reply();
-  const store::Reply queued = conn.read_reply();
+  const store::Reply queued_hset = conn.read_reply();
+  const store::Reply queued_sadd = conn.read_reply();
   const store::Reply exec = conn.read_reply();
   watch.disarm();  // EXEC (or its refusal) ended the WATCH
-  if (!settled(multi) || !settled(queued) || !settled(exec)) return false;
+  if (!settled(multi) || !settled(queued_hset) || !settled(queued_sadd) || !settled(exec)) {
+    return false;
+  }
   multi.expect_ok("MULTI");
-  queued.expect_ok("HSET info");
+  queued_hset.expect_ok("HSET info");
+  queued_sadd.expect_ok("SADD published");
   exec.expect_ok("EXEC");
   return !exec.is_nil();  // nil: the WATCH aborted it
 }
@@ -607,7 +620,10 @@ void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
   // slot lives now. It is idempotent: the same fields again.
   for (int attempt = 0;; ++attempt) {
     std::string unsettled_reply;
-    if (flip_generation(client, name, info_key, gens_key, info, unsettled_reply)) break;
+    if (flip_generation(client, name, info_key, gens_key, keys.published(name), info,
+                        unsettled_reply)) {
+      break;
+    }
     if (!unsettled_reply.empty()) {
       if (!moved_backoff.wait()) {
         throw store::ConnectionError(
@@ -643,6 +659,18 @@ uint64_t collect_garbage(store::Client& client, const KeySchema& keys, const std
     }
     generations.push_back(*gen);
   }
+  // Generations that were ever current. One below the set's smallest member may be from before
+  // the set existed: for those a manifest is the sign of a publish, as it was then.
+  std::set<uint64_t> published;
+  for (const auto& text :
+       string_elements(client.command({"SMEMBERS", keys.published(name)}), "SMEMBERS published")) {
+    if (const auto gen = parse_number<uint64_t>(text)) published.insert(*gen);
+  }
+  const auto was_published = [&](uint64_t gen) {
+    if (published.contains(gen)) return true;
+    if (!published.empty() && gen > *published.begin()) return false;
+    return manifest_exists(client, keys, name, gen);
+  };
   // Read after info: a reader that pinned the then-current generation before this point is
   // seen here, and one pinning later pins a generation >= info.generation, never collected.
   const std::set<uint64_t> pinned = pinned_generations(client, keys, name);
@@ -658,7 +686,7 @@ uint64_t collect_garbage(store::Client& client, const KeySchema& keys, const std
       spdlog::debug("dataset '{}': keeping generation {}, pinned by a mounted reader", name, gen);
       continue;
     }
-    if (kept < keep_previous && manifest_exists(client, keys, name, gen)) {
+    if (kept < keep_previous && was_published(gen)) {
       ++kept;
       continue;
     }
@@ -674,6 +702,7 @@ uint64_t delete_generation(store::Client& client, const KeySchema& keys, const s
   uint64_t deleted = 0;
   unlink_matching(client, keys.generation_objects_pattern(name, gen), deleted, {});
   unlink_matching(client, keys.generation_manifest_pattern(name, gen), deleted, {});
+  client.command({"SREM", keys.published(name), std::to_string(gen)}).expect_ok("SREM published");
   client.command({"SREM", keys.generations(name), std::to_string(gen)}).expect_ok("SREM gens");
   return deleted;
 }
@@ -698,10 +727,10 @@ uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std:
   // The generation counter stays: a dataset made again under this name must not reuse a
   // generation number of this one, which mounts and disk caches would take for its objects
   // (a key and a disk cache file are named by name, generation and object id).
-  deleted +=
-      static_cast<uint64_t>(client.command({"UNLINK", keys.generations(name), keys.readers(name)})
-                                .expect_ok("UNLINK gens")
-                                .integer());
+  deleted += static_cast<uint64_t>(
+      client.command({"UNLINK", keys.generations(name), keys.readers(name), keys.published(name)})
+          .expect_ok("UNLINK gens")
+          .integer());
   client.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets");
   // The info hash goes last: while it exists, an interrupted rm can simply be run again.
   deleted += static_cast<uint64_t>(

@@ -28,6 +28,10 @@ std::string KeySchema::next_generation(std::string_view name) const {
   return fmt::format("{}:{{{}}}:nextgen", ns_, name);
 }
 
+std::string KeySchema::published(std::string_view name) const {
+  return fmt::format("{}:{{{}}}:published", ns_, name);
+}
+
 std::string KeySchema::readers(std::string_view name) const {
   return fmt::format("{}:{{{}}}:readers", ns_, name);
 }

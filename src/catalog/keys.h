@@ -20,6 +20,8 @@ class KeySchema {
   std::string generations(std::string_view name) const;      // ns:{name}:gens (set of every
                                                              // generation with keys, for GC)
   std::string next_generation(std::string_view name) const;  // ns:{name}:nextgen (counter)
+  std::string published(std::string_view name) const;        // ns:{name}:published (set of every
+                                                             // generation that was ever current)
   std::string readers(std::string_view name) const;  // ns:{name}:readers (sorted set of leases:
                                                      // "GEN:READER" scored by expiry in ms)
   std::string manifest_chunk(std::string_view name, uint64_t gen, uint64_t index) const;

@@ -341,6 +341,50 @@ TEST_F(DatasetTest, GarbageCollectionKeepsCurrentAndPreviousPublished) {
             neighbour_keys);
 }
 
+// An ingest killed after writing its manifest, before the flip, left a generation that looked
+// published (its manifest:G:0 exists): the next collection kept it as "the previous one" and
+// deleted the generation that really was current before (found by an audit).
+TEST_F(DatasetTest, GarbageCollectionKeepsTheGenerationThatWasCurrentNotAnUnflippedOne) {
+  const DatasetInfo g1 = ingest("ds", sample_catalog(1));
+  DatasetInfo killed;
+  killed.name = "ds";
+  killed.generation = begin_generation(*client_, keys_, "ds");
+  write_objects("ds", killed.generation, sample_catalog(2));
+  EXPECT_THROW(publish(*client_, keys_, killed, sample_catalog(2),
+                       [] { throw std::runtime_error("killed"); }),
+               std::runtime_error);
+  ASSERT_EQ(count_keys(keys_.generation_manifest_pattern("ds", killed.generation)), 1);
+  const DatasetInfo g3 = ingest("ds", sample_catalog(1));
+  EXPECT_EQ(g3.previous_generation, g1.generation);
+
+  collect_garbage(*client_, keys_, "ds", 1);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_manifest_pattern("ds", g1.generation)), 1);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", killed.generation)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_manifest_pattern("ds", killed.generation)), 0);
+  EXPECT_TRUE(load_catalog(*client_, keys_, g1));  // what a mount of the previous one reads
+  EXPECT_EQ(
+      client_->command({"SISMEMBER", keys_.published("ds"), std::to_string(killed.generation)})
+          .integer(),
+      0);
+}
+
+// A dataset published before the published set existed: the generation current until the
+// first publish that records the set is taken as published, and older ones by their manifest.
+TEST_F(DatasetTest, GarbageCollectionKeepsGenerationsPublishedBeforeThePublishedSet) {
+  const DatasetInfo g1 = ingest("ds", sample_catalog(1));
+  const DatasetInfo g2 = ingest("ds", sample_catalog(1));
+  client_->command({"DEL", keys_.published("ds")}).expect_ok("DEL");  // as an older dsfs left it
+  const DatasetInfo g3 = ingest("ds", sample_catalog(1));
+  collect_garbage(*client_, keys_, "ds", 2);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), kSampleObjectKeys);
+  collect_garbage(*client_, keys_, "ds", 1);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g1.generation)), 0);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g2.generation)), kSampleObjectKeys);
+  EXPECT_EQ(count_keys(keys_.generation_objects_pattern("ds", g3.generation)), kSampleObjectKeys);
+}
+
 TEST_F(DatasetTest, PinnedGenerationSurvivesGarbageCollection) {
   const DatasetInfo g1 = ingest("ds", sample_catalog(1));
   EXPECT_TRUE(pin_generation(*client_, keys_, "ds", "mount-a", g1.generation, 60s));
