@@ -16,6 +16,7 @@
 #include "src/store/errors.h"
 #include "src/store/log_text.h"
 #include "tools/progress.h"
+#include "tools/stop_signal.h"
 
 namespace dsfs::tools {
 namespace {
@@ -231,10 +232,25 @@ void rm_command(const cli::GlobalOptions& global, const std::string& name,
   progress_options.style = parse_progress_style(progress_style);
   Progress progress(fmt::format("rm {}", name), progress_options);
   uint64_t reported = 0;
-  const uint64_t deleted = catalog::remove_dataset(*client, keys, name, [&](uint64_t keys_deleted) {
-    progress.add(keys_deleted - std::min(keys_deleted, reported), 0);
-    reported = std::max(reported, keys_deleted);
-  });
+  // SIGINT/SIGTERM stop rm after the batch under way: the dataset stays marked as being
+  // removed (list, info and mount say so) until an rm runs to the end.
+  StopSignalGuard signals;
+  struct Interrupted {};
+  uint64_t deleted = 0;
+  try {
+    deleted = catalog::remove_dataset(*client, keys, name, [&](uint64_t keys_deleted) {
+      progress.add(keys_deleted - std::min(keys_deleted, reported), 0);
+      reported = std::max(reported, keys_deleted);
+      if (StopSignalGuard::stopped()) throw Interrupted{};
+    });
+  } catch (const Interrupted&) {
+    progress.stop();
+    fmt::print(stderr,
+               "dsfs: rm {} interrupted after {} keys; the dataset is marked as being removed: "
+               "run `dsfs rm {}` again to finish\n",
+               name, format_count(reported), name);
+    throw cli::ExitCode{128 + StopSignalGuard::signal_number()};
+  }
   progress.stop();
   fmt::print("removed dataset '{}' ({} keys)\n", name, format_count(deleted));
 }

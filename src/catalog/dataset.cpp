@@ -1,5 +1,6 @@
 #include "src/catalog/dataset.h"
 
+#include <fmt/chrono.h>
 #include <fmt/core.h>
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <random>
@@ -49,6 +51,22 @@ std::string_view as_text(std::span<const std::byte> bytes) {
   throw DatasetNotFound(
       fmt::format("dataset '{}' not found in namespace '{}' on {}; see `dsfs list`", name,
                   keys.ns(), client.describe()));
+}
+
+// The info field `dsfs rm` sets first, to the unix time it began.
+constexpr std::string_view kRemovingField = "removing";
+
+// A unix time in seconds as "YYYY-MM-DD HH:MM:SS UTC"; text that is not one, as "an unknown
+// time" (it comes from Redis).
+std::string format_unix_time(std::string_view seconds) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(seconds.data(), seconds.data() + seconds.size(), value);
+  std::tm utc{};
+  const auto time = static_cast<std::time_t>(value);
+  if (error != std::errc() || end != seconds.data() + seconds.size() || !gmtime_r(&time, &utc)) {
+    return "an unknown time";
+  }
+  return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", utc);
 }
 
 [[noreturn]] void throw_corrupt_info(std::string_view name, std::string_view problem) {
@@ -232,11 +250,24 @@ bool flip_generation(store::Client& client, const std::string& name, const std::
   if (!settled(watched)) return false;
   watched.expect_ok("WATCH info gens");
   WatchGuard watch(conn);
-  const store::Reply current = conn.command({"HGET", info_key, "generation"});
+  const store::Reply current =
+      conn.command({"HMGET", info_key, "generation", std::string(kRemovingField)});
   if (!settled(current)) return false;
-  current.expect_ok("HGET generation");
+  current.expect_ok("HMGET generation removing");
+  if (current.size() != 2) {
+    throw store::ReplyError(fmt::format("HMGET {}: unexpected reply shape", info_key));
+  }
+  if (current.element(1)->type == REDIS_REPLY_STRING) {
+    throw std::runtime_error(fmt::format(
+        "dataset '{}' is being removed (a `dsfs rm` began and has not finished); finish it with "
+        "`dsfs rm {}`, then ingest again",
+        name, name));
+  }
+  const redisReply* generation_field = current.element(0);
   const uint64_t current_generation =
-      current.is_nil() ? 0 : parse_field(name, "generation", current.str());
+      generation_field->type != REDIS_REPLY_STRING
+          ? 0
+          : parse_field(name, "generation", store::Reply::element_str(generation_field));
   if (current_generation > info.generation) {
     throw std::runtime_error(fmt::format(
         "dataset '{}': generation {} was published while this one ({}) was being written; "
@@ -403,6 +434,12 @@ DatasetInfo parse_info(const std::string& name, const std::vector<std::string>& 
     return it == fields.end() ? 0 : parse_field(name, key, it->second);
   };
 
+  if (const auto it = fields.find(kRemovingField); it != fields.end()) {
+    throw DatasetDamaged(fmt::format(
+        "dataset '{}' is being removed (a `dsfs rm` began at {} and has not finished; if it was "
+        "interrupted, run `dsfs rm {}` again)",
+        name, format_unix_time(it->second), name));
+  }
   DatasetInfo info;
   info.name = name;
   const uint64_t version = parse_field(name, "schema_version", field("schema_version"));
@@ -721,6 +758,20 @@ uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std:
       client.command({"SISMEMBER", keys.datasets(), name}).expect_ok("SISMEMBER").integer();
   if (keys_present == 0 && listed == 0) throw_not_found(client, keys, name);
 
+  // Marked first: a dataset whose objects are partly gone is then shown as being removed
+  // (list, info, mount) instead of healthy with reads that fail, until an rm finishes. Only an
+  // info hash that exists is marked; HSET would make one.
+  if (keys_present > 0) {
+    client
+        .command({"EVAL",
+                  "if redis.call('EXISTS', KEYS[1]) == 1 then "
+                  "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0",
+                  "1", keys.info(name), kRemovingField,
+                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count())})
+        .expect_ok("mark info as being removed");
+  }
   uint64_t deleted = 0;
   unlink_matching(client, keys.dataset_objects_pattern(name), deleted, progress);
   unlink_matching(client, keys.dataset_manifests_pattern(name), deleted, progress);

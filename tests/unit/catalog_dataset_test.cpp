@@ -529,6 +529,35 @@ TEST_F(DatasetTest, ADatasetMadeAgainAfterRemoveNeverReusesAGenerationNumber) {
   EXPECT_GT(read_info(*client_, keys_, "ds").generation, last);
 }
 
+// An rm stopped part way (Ctrl-C, a lost connection) left a dataset whose objects were partly
+// gone while list, info and mount showed it healthy (found by an audit: 81,241 of 100,000
+// objects left, reads of the rest EIO). It is marked first and shown as being removed.
+TEST_F(DatasetTest, ADatasetWhoseRemovalStoppedIsShownAsBeingRemoved) {
+  ingest("ds", sample_catalog(1));
+  ingest("other", sample_catalog(1));
+  struct Stop {};
+  EXPECT_THROW(remove_dataset(*client_, keys_, "ds", [](uint64_t) { throw Stop{}; }), Stop);
+  EXPECT_THAT(
+      [&] { read_info(*client_, keys_, "ds"); },
+      testing::ThrowsMessage<DatasetDamaged>(testing::AllOf(
+          HasSubstr("is being removed"), HasSubstr("UTC"), HasSubstr("run `dsfs rm ds` again"))));
+  const std::vector<DatasetStatus> statuses = list_dataset_status(*client_, keys_);
+  ASSERT_EQ(statuses.size(), 2u);
+  EXPECT_THAT(statuses[0].damage, HasSubstr("is being removed"));
+  EXPECT_TRUE(statuses[1].info);
+  // An ingest under the name does not publish over the half-removed dataset.
+  DatasetInfo again;
+  again.name = "ds";
+  again.generation = begin_generation(*client_, keys_, "ds");
+  write_objects("ds", again.generation, sample_catalog(2));
+  EXPECT_THAT([&] { publish(*client_, keys_, again, sample_catalog(2)); },
+              testing::ThrowsMessage<std::runtime_error>(HasSubstr("dsfs rm ds")));
+  EXPECT_GT(remove_dataset(*client_, keys_, "ds"), 0u);
+  EXPECT_THAT(all_keys("dsfs:*ds*"), ElementsAre(keys_.next_generation("ds")));
+  ingest("ds", sample_catalog(3));
+  EXPECT_TRUE(load_catalog(*client_, keys_, read_info(*client_, keys_, "ds")));
+}
+
 TEST_F(DatasetTest, RemoveCanBeRerunAfterAnInterruption) {
   ingest("ds", sample_catalog(1));
   // As if an earlier rm stopped after deleting the objects and the datasets entry.
