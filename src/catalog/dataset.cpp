@@ -760,11 +760,12 @@ uint64_t remove_dataset(store::Client& client, const KeySchema& keys, const std:
 
   // Marked first: a dataset whose objects are partly gone is then shown as being removed
   // (list, info, mount) instead of healthy with reads that fail, until an rm finishes. Only an
-  // info hash that exists is marked; HSET would make one.
+  // info hash that exists is marked (HSET would make one; a key of another type is damage
+  // that rm removes as it is).
   if (keys_present > 0) {
     client
         .command({"EVAL",
-                  "if redis.call('EXISTS', KEYS[1]) == 1 then "
+                  "if redis.call('TYPE', KEYS[1]).ok == 'hash' then "
                   "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0",
                   "1", keys.info(name), kRemovingField,
                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
