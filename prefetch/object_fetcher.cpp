@@ -110,7 +110,20 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
   for (const uint32_t chunk : chunks) keys.push_back(chunk_key(dataset, entry, chunk));
 
   std::vector<store::ValueReply> replies;
-  const bool was_down = redis_down_.load(std::memory_order_relaxed);
+  // The shards (their primaries' node indexes) this file's chunks live on: one for a single
+  // server. A shard that failed a whole timeout is tried once until it answers again, while the
+  // others are waited for as usual (on a cluster, other shards answering kept a per-mount flag
+  // cleared: a shard with every copy down cost the whole timeout per file).
+  std::vector<size_t> shards;
+  shards.reserve(keys.size());
+  for (const std::string& key : keys) shards.push_back(client_.route_read_known(key).primary);
+  std::sort(shards.begin(), shards.end());
+  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+  bool was_down = false;
+  if (down_shard_count_.load(std::memory_order_relaxed) != 0) {
+    MutexLock lock(failed_mutex_);
+    for (const size_t shard : shards) was_down = was_down || down_shards_.contains(shard);
+  }
   const uint64_t file = uint64_t{dataset.index} << 32 | entry;
   bool failed_lately = false;
   bool failed_just_now = false;
@@ -148,6 +161,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
   } catch (const store::ConnectionError& e) {
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
+    bool newly_down = false;
     {
       MutexLock lock(failed_mutex_);
       // Bounded: past this many files failing at once, forget the expired ones.
@@ -157,10 +171,14 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
         });
       }
       recently_failed_[file] = std::chrono::steady_clock::now();
+      for (const size_t shard : shards)
+        newly_down = down_shards_.insert(shard).second || newly_down;
+      down_shard_count_.store(down_shards_.size(), std::memory_order_relaxed);
     }
-    if (!redis_down_.exchange(true)) {
+    redis_down_.store(true, std::memory_order_relaxed);
+    if (newly_down) {
       spdlog::error(
-          "read of {}/{} failed: Redis unreachable for {} ms ({}); reads fail at once "
+          "read of {}/{} failed: Redis unreachable for {} ms ({}); reads from there fail at once "
           "until it answers again",
           dataset.name(), store::log_text(dataset.catalog->path(entry)), options_.timeout.count(),
           e.what());
@@ -170,12 +188,20 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
     }
     throw;
   }
-  if (redis_down_.exchange(false)) {
-    spdlog::info("Redis at {} answers again", client_.describe());
-  }
-  if (failed_lately) {
-    MutexLock lock(failed_mutex_);
-    recently_failed_.erase(file);
+  if (down_shard_count_.load(std::memory_order_relaxed) != 0 || failed_lately) {
+    bool back = false;
+    {
+      MutexLock lock(failed_mutex_);
+      for (const size_t shard : shards) back = down_shards_.erase(shard) > 0 || back;
+      down_shard_count_.store(down_shards_.size(), std::memory_order_relaxed);
+      redis_down_.store(!down_shards_.empty(), std::memory_order_relaxed);
+      recently_failed_.erase(file);
+    }
+    if (back) {
+      spdlog::info("Redis at {} answers again", client_.is_cluster()
+                                                    ? client_.primary_address(keys.front())
+                                                    : client_.describe());
+    }
   }
 
   std::vector<ObjectBuffer> buffers;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"
@@ -123,10 +124,14 @@ class ObjectFetcher {
   catalog::KeySchema keys_;
   FetcherOptions options_;
   FetcherStats stats_;
-  // Set when a fetch has waited the whole timeout for Redis, cleared by the next success.
-  // Meanwhile fetches try once instead of waiting again: the kernel re-issues a failed read,
-  // and a loader walking many files would otherwise block a full timeout on every one.
+  // Shards (primary node indexes, Client::kNoNode while no node serves a slot; one for a single
+  // server) where a fetch has waited the whole timeout, each cleared by the next success there.
+  // Meanwhile fetches from them try once instead of waiting again: the kernel re-issues a
+  // failed read, and a loader walking many files would otherwise block a full timeout on every
+  // one. redis_down_: some shard is down; down_shard_count_ spares the lock while none is.
   std::atomic<bool> redis_down_{false};
+  std::atomic<size_t> down_shard_count_{0};
+  std::unordered_set<size_t> down_shards_ DSFS_GUARDED_BY(failed_mutex_);
   // Files (dataset index << 32 | entry) whose fetch failed after waiting the whole timeout, and
   // when. Until the timeout has passed again, a fetch of the same file tries once: the kernel
   // re-issues a failed READ (the readahead, then the page), and a success of another file clears

@@ -19,6 +19,7 @@
 #include "src/store/connection.h"
 #include "src/store/errors.h"
 #include "src/store/pool.h"
+#include "tests/unit/support/test_cluster.h"
 #include "tests/unit/support/test_redis.h"
 
 namespace dsfs::prefetch {
@@ -135,6 +136,58 @@ TEST_F(Recovery, TheKernelsReissueOfAReadFromAStalledRedisDoesNotWaitTheTimeoutA
   // One read(2) = the READ and its re-issue: the timeout plus the window, not twice the timeout.
   EXPECT_LT(reissue_failed - started, 2 * 3s);
   EXPECT_EQ(fetch_with("f2.bin").at(0)->bytes(), std::string(100, '2'));  // others are read
+}
+
+// On a cluster, a shard with no copy left is tried once per read once a read has waited the
+// whole timeout for it, while the other shards answer. The "tried once" state was one flag per
+// mount that any other shard's answer cleared, so every file of the dead shard waited the
+// whole timeout (30 s by default: an epoch over a third of the files would take hours; found
+// by an audit).
+TEST(RecoveryOnACluster, AShardThatIsDownIsTriedOnceWhileTheOthersAnswer) {
+  test::TestCluster cluster(3);
+  constexpr int kFiles = 60;
+  catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1 << 20);
+  for (uint64_t i = 1; i <= kFiles; ++i) {
+    builder.add_file(fmt::format("f{}.bin", i), 100, 0, 0644, i, catalog::kNoLabel, 0, "");
+  }
+  DatasetSnapshot dataset;
+  dataset.info.name = kName;
+  dataset.info.generation = kGeneration;
+  dataset.info.chunk_size = 1 << 20;
+  dataset.catalog = std::make_shared<const catalog::Catalog>(std::move(builder).build());
+  store::Client client(
+      cluster.endpoints(),
+      store::ClientOptions{.connect = {.connect_timeout = 500ms, .io_timeout = 500ms}});
+  const catalog::KeySchema keys("dsfs");
+  const std::string victim = fmt::format("127.0.0.1:{}", cluster.node(0).port());
+  std::vector<std::string> on_victim;
+  std::vector<std::string> elsewhere;
+  for (uint64_t i = 1; i <= kFiles; ++i) {
+    const std::string key = keys.object(kName, kGeneration, i);
+    client.command({"SET", key, std::string(100, 'x')}).expect_ok("SET");
+    (client.primary_address(key) == victim ? on_victim : elsewhere)
+        .push_back(fmt::format("f{}.bin", i));
+  }
+  ASSERT_GE(on_victim.size(), 2u);
+  ASSERT_GE(elsewhere.size(), 1u);
+  constexpr auto kTimeout = 1500ms;
+  ObjectFetcher fetcher(client, keys, FetcherOptions{.timeout = kTimeout});
+  const uint32_t chunk = 0;
+  const auto fetch = [&](const std::string& name) {
+    const uint32_t entry = *dataset.catalog->lookup(catalog::kRootIndex, name);
+    return fetcher.fetch_chunks(dataset, entry, std::span<const uint32_t>(&chunk, 1));
+  };
+  cluster.node(0).stop();
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(fetch(on_victim[0]), store::ConnectionError);  // waits the whole timeout
+  EXPECT_GE(std::chrono::steady_clock::now() - started, kTimeout);
+  EXPECT_EQ(fetch(elsewhere[0]).at(0)->bytes(), std::string(100, 'x'));  // another shard answers
+  EXPECT_TRUE(fetcher.redis_down());                                     // the victim's is down
+  const uint64_t retries_before = fetcher.stats().retries.load();
+  const auto second = std::chrono::steady_clock::now();
+  EXPECT_THROW(fetch(on_victim[1]), store::ConnectionError);  // tried once
+  EXPECT_EQ(fetcher.stats().retries.load(), retries_before);
+  EXPECT_LT(std::chrono::steady_clock::now() - second, kTimeout);
 }
 
 }  // namespace
