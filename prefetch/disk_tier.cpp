@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -303,6 +304,9 @@ std::optional<std::string> dataset_named_in(int dir_fd, const char* file) {
 std::filesystem::path objects_dir_of(const std::filesystem::path& dir) {
   const std::filesystem::path objects = dir / "objects";
   std::error_code error;
+  if (!std::filesystem::exists(dir, error)) {
+    throw std::runtime_error(fmt::format("{} does not exist", dir.string()));
+  }
   if (!std::filesystem::is_directory(objects, error)) {
     throw std::runtime_error(fmt::format(
         "{} is not a dsfs disk cache (it has no objects/ directory): give the DIR a mount was "
@@ -352,6 +356,57 @@ std::string lock_holder(const std::filesystem::path& dir) {
   std::array<char, 32> holder{};
   const ssize_t got = ::pread(fd.get(), holder.data(), holder.size() - 1, 0);
   return got > 0 ? std::string(holder.data()) : std::string("unknown");
+}
+
+// Throws unless `dir` is new, empty, or looks like a disk cache: the tier writes DIR/lock and
+// replaces DIR/index, so a directory of the user's own given by mistake would lose files of
+// those names (found by an audit). A missing parent is refused too: a mistyped path would make
+// a new tier somewhere unexpected.
+void refuse_foreign_directory(const std::filesystem::path& dir) {
+  std::error_code error;
+  const auto status = std::filesystem::status(dir, error);
+  if (status.type() == std::filesystem::file_type::not_found) {
+    const std::filesystem::path parent = dir.parent_path().empty() ? "." : dir.parent_path();
+    if (!std::filesystem::is_directory(parent, error)) {
+      throw std::runtime_error(fmt::format(
+          "--disk-cache {}: its parent directory {} does not exist (a mistyped path?); create "
+          "it first",
+          dir.string(), parent.string()));
+    }
+    return;
+  }
+  if (status.type() != std::filesystem::file_type::directory) {
+    throw std::runtime_error(fmt::format("--disk-cache {}: not a directory", dir.string()));
+  }
+  const auto foreign = [&](const std::string& why) {
+    return std::runtime_error(fmt::format(
+        "--disk-cache {}: {}, so it is not a dsfs disk cache (the tier writes DIR/lock and "
+        "DIR/index and would replace a file of yours); give dsfs an empty or new directory of "
+        "its own",
+        dir.string(), why));
+  };
+  const bool has_objects = std::filesystem::is_directory(dir / "objects", error);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "objects" && has_objects) continue;
+    if (name == "lock" || name == "index") {
+      // A lock holds a pid; an index begins with its magic (an empty one: cut short by a crash).
+      std::ifstream file(entry.path(), std::ios::binary);
+      std::string head(kIndexMagic.size(), '\0');
+      file.read(head.data(), static_cast<std::streamsize>(head.size()));
+      head.resize(static_cast<size_t>(file.gcount()));
+      const bool ours = name == "lock" ? head.find_first_not_of("0123456789\n") == std::string::npos
+                                       : head.empty() || std::string_view(head) ==
+                                                             std::string_view(kIndexMagic.data(),
+                                                                              kIndexMagic.size());
+      if (!ours) throw foreign(fmt::format("its file '{}' was not written by dsfs", name));
+      continue;
+    }
+    if (!has_objects && !name.ends_with(kTempSuffix)) {
+      throw foreign(
+          fmt::format("it holds '{}' and no objects/ directory", store::log_text(name, 80)));
+    }
+  }
 }
 
 }  // namespace
@@ -469,6 +524,7 @@ std::filesystem::path DiskTier::path_of(const DiskTierKey& key, uint64_t length)
 
 DiskTier::DiskTier(DiskTierOptions options)
     : options_(std::move(options)), objects_dir_(options_.dir / "objects") {
+  refuse_foreign_directory(options_.dir);
   std::error_code error;
   std::filesystem::create_directories(objects_dir_, error);
   if (error) {
@@ -921,10 +977,19 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
     if (id.generation >= newest_generation_[id.dataset]) place_locked(it->second, true);
   }
   const std::filesystem::path path = path_of(id);
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Neither followed nor waited on: a link or a FIFO put in a file's place (the open of a FIFO
+  // waits for a writer forever, with the reader and the daemon's exit behind it).
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     drop_bad(id, key.dataset,
-             errno == ENOENT ? std::string("the file vanished") : std::strerror(errno), false);
+             errno == ENOENT  ? std::string("the file vanished")
+             : errno == ELOOP ? std::string("it is a symbolic link")
+                              : std::strerror(errno),
+             false);
+    return nullptr;
+  }
+  if (struct stat file_stat{}; ::fstat(fd.get(), &file_stat) != 0 || !S_ISREG(file_stat.st_mode)) {
+    drop_bad(id, key.dataset, "it is not a regular file", false);
     return nullptr;
   }
   const uint64_t expected = id.file_size;
@@ -1184,9 +1249,10 @@ void DiskTier::write_one(const Write& write) {
     // page is half overwritten (a read of the old page before the write).
     const uint64_t new_size = head.size() + payload.size();
     const uint64_t whole_pages = new_size / kBlock * kBlock;
-    UniqueFd fd(::open(
-        temp.c_str(), reused_size ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-        0600));
+    // O_NONBLOCK: a FIFO taken over (put in an object file's place) fails the open at once.
+    constexpr int kWriteFlags = O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    UniqueFd fd(
+        ::open(temp.c_str(), reused_size ? kWriteFlags : kWriteFlags | O_CREAT | O_TRUNC, 0600));
     if (fd.get() >= 0 && reused_size && *reused_size > whole_pages &&
         ::ftruncate(fd.get(), static_cast<off_t>(whole_pages)) != 0) {
       error = errno;
@@ -1195,7 +1261,7 @@ void DiskTier::write_one(const Write& write) {
       // Its subdirectory is new (or was removed under us).
       std::error_code ignored;
       std::filesystem::create_directories(path.parent_path(), ignored);
-      fd.reset(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      fd.reset(::open(temp.c_str(), kWriteFlags | O_CREAT | O_TRUNC, 0600));
     }
     if (fd.get() < 0) {
       error = errno;

@@ -6,10 +6,12 @@
 #include "prefetch/disk_tier.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -379,6 +382,34 @@ TEST_F(DiskTierTest, ADeletedFileOrDirectoryIsNotFoundAndCounted) {
   EXPECT_EQ(bytes_of(tier->get(key(4), 3000)), test::pattern_bytes(3000, 4));
 }
 
+// A FIFO put in a file's place: the tier's open waited for a writer forever, and with it the
+// reader and the daemon's exit (found by an audit: every stage thread stuck, umount failed).
+TEST_F(DiskTierTest, AFifoOrALinkInAFilesPlaceIsDroppedWithoutWaiting) {
+  auto tier = open();
+  fill(*tier, 1, 2, 3000);
+  const std::filesystem::path fifo = tier->path_of(key(1), 3000);
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto got = std::async(std::launch::async, [&] { return tier->get(key(1), 3000); });
+  if (got.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "the read of a FIFO in the tier waits for a writer";
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // lets it go
+    if (writer >= 0) ::close(writer);
+  }
+  EXPECT_EQ(got.get(), nullptr);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(fifo)));  // removed
+  // A link to the object's own file elsewhere is not followed either.
+  const std::filesystem::path file = tier->path_of(key(2), 3000);
+  const std::filesystem::path elsewhere = dir_.path() / "elsewhere";
+  std::filesystem::rename(file, elsewhere);
+  std::filesystem::create_symlink(elsewhere, file);
+  EXPECT_EQ(tier->get(key(2), 3000), nullptr);
+  EXPECT_EQ(tier->stats().read_errors, 2u);
+  EXPECT_EQ(tier->stats().entries, 0u);
+  fill(*tier, 1, 1, 3000);  // written again
+  EXPECT_EQ(bytes_of(tier->get(key(1), 3000)), test::pattern_bytes(3000, 1));
+}
+
 TEST_F(DiskTierTest, AFailedWriteLeavesNothingAndIsCounted) {
   auto tier = open();
   // The writer's files may not grow past 8 KiB: a write of a larger object fails (EFBIG), as
@@ -672,6 +703,33 @@ TEST_F(DiskTierTest, ASecondOpenOfTheSameDirectoryIsRefused) {
         << e.what();
   }
   first.reset();
+  EXPECT_NO_THROW(open());
+}
+
+// A directory of the user's own given by mistake lost its files named index and lock (the tier
+// replaced them; found by an audit), and a mistyped path made a new tier with its parents.
+TEST_F(DiskTierTest, ADirectoryThatIsNotADiskCacheIsRefusedAndLeftAsItWas) {
+  const std::filesystem::path dir = dir_.path() / "tier";
+  std::filesystem::create_directories(dir);
+  test::write_file(dir / "index", "my dataset index");
+  test::write_file(dir / "lock", "my lock");
+  EXPECT_THAT([&] { open(); }, testing::ThrowsMessage<std::runtime_error>(
+                                   testing::HasSubstr("not a dsfs disk cache")));
+  EXPECT_EQ(test::read_file(dir / "index"), "my dataset index");
+  EXPECT_EQ(test::read_file(dir / "lock"), "my lock");
+  std::filesystem::remove(dir / "index");
+  std::filesystem::remove(dir / "lock");
+  test::write_file(dir / "train.txt", "mine");
+  EXPECT_THAT([&] { open(); }, testing::ThrowsMessage<std::runtime_error>(
+                                   testing::HasSubstr("holds 'train.txt' and no objects/")));
+  EXPECT_FALSE(std::filesystem::exists(dir / "lock"));
+  const std::filesystem::path typo = dir_.path() / "no-such-parent" / "tier";
+  EXPECT_THAT([&] { DiskTier tier(DiskTierOptions{.dir = typo, .capacity_bytes = kMiB}); },
+              testing::ThrowsMessage<std::runtime_error>(testing::HasSubstr("does not exist")));
+  EXPECT_FALSE(std::filesystem::exists(typo.parent_path()));
+  // A tier's own directory (its lock, its index, its objects) opens as before.
+  std::filesystem::remove(dir / "train.txt");
+  open().reset();
   EXPECT_NO_THROW(open());
 }
 
