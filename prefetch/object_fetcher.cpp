@@ -116,7 +116,12 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
   // cleared: a shard with every copy down cost the whole timeout per file).
   std::vector<size_t> shards;
   shards.reserve(keys.size());
-  for (const std::string& key : keys) shards.push_back(client_.route_read_known(key).primary);
+  for (const std::string& key : keys) {
+    // Before the topology is known (a first fetch) the shard is unknown: counted as the first
+    // node, the only one of a single server.
+    const size_t primary = client_.route_read_known(key).primary;
+    shards.push_back(primary == store::Client::kNoNode ? 0 : primary);
+  }
   std::sort(shards.begin(), shards.end());
   shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
   bool was_down = false;
