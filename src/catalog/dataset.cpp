@@ -590,8 +590,24 @@ std::string eviction_risk(store::Client& client, bool* limited) {
 
 uint64_t begin_generation(store::Client& client, const KeySchema& keys, const std::string& name) {
   validate_new_dataset_name(name);
+  // A generation number is the Redis server's time in microseconds when the ingest began (one
+  // more than the last, if that is later): never one a mount or a disk cache may still hold
+  // objects of, even after Redis lost the counter (FLUSHALL, a restart without persistence or
+  // from an older snapshot) and the dataset was made again. A plain counter started again at 1,
+  // and a mount that had generation 1's chunks cached served files mixing both datasets' bytes.
   const long long gen =
-      client.command({"INCR", keys.next_generation(name)}).expect_ok("INCR nextgen").integer();
+      client
+          .command({"EVAL",
+                    "redis.replicate_commands() "
+                    "local now = redis.call('TIME') "
+                    "local us = tonumber(now[1]) * 1000000 + tonumber(now[2]) "
+                    "local gen = redis.call('INCR', KEYS[1]) "
+                    "if gen < us then redis.call('SET', KEYS[1], string.format('%.0f', us)) "
+                    "gen = us end "
+                    "return gen",
+                    "1", keys.next_generation(name)})
+          .expect_ok("INCR nextgen")
+          .integer();
   // Recorded before any object is written, so GC and rm always find this generation's keys.
   client.command({"SADD", keys.generations(name), std::to_string(gen)}).expect_ok("SADD gens");
   // Listed from now on, but list_datasets shows it only once its info exists (published).

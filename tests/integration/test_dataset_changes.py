@@ -17,6 +17,8 @@ DEADLINE = 30  # seconds; the mounts below poll every 0.2 s
 
 
 class DatasetChangeTest(DsfsTestCase):
+    def generation(self, name):
+        return json.loads(self.dsfs("info", name, "--json").stdout)["generation"]
 
     def write_tree(self, name, seed, files):
         """A source tree of `files` {relative path: size}; returns {path: bytes}."""
@@ -92,17 +94,19 @@ class DatasetChangeTest(DsfsTestCase):
             self.assertEqual(head, old["d/big.bin"][:100_000])
 
             # Same names, same sizes, other bytes.
+            first = self.generation("ds")
             src2, new = self.write_tree("v2", 4, {"d/big.bin": BIG, "d/small.bin": 500})
             self.dsfs("ingest", src2, "--dataset", "ds")
-            # Seen, but not switched to: the mount keeps serving generation 1.
-            wait_for(lambda: self.stats(mnt)["watch"]["pending"].get("ds") == 2, DEADLINE,
-                     "the mount to see generation 2 of 'ds' as pending")
+            second = self.generation("ds")
+            # Seen, but not switched to: the mount keeps serving the first generation.
+            wait_for(lambda: self.stats(mnt)["watch"]["pending"].get("ds") == second, DEADLINE,
+                     "the mount to see the second generation of 'ds' as pending")
             self.assertEqual(self.read(os.path.join(mnt, "ds", "d", "small.bin")),
                              old["d/small.bin"])
-            self.assertEqual(self.stats(mnt)["datasets"]["ds"]["generation"], 1)
+            self.assertEqual(self.stats(mnt)["datasets"]["ds"]["generation"], first)
 
             out = self.dsfs("refresh", mnt, "ds", redis=False)
-            self.assertIn("ds: generation 1 -> 2", out.stdout)
+            self.assertIn(f"ds: generation {first} -> {second}", out.stdout)
             # Opened after the refresh: generation 2 only.
             self.assertEqual(self.read(path), new["d/big.bin"])
             self.assertEqual(self.read(os.path.join(mnt, "ds", "d", "small.bin")),
@@ -114,17 +118,18 @@ class DatasetChangeTest(DsfsTestCase):
             self.assertEqual(head + rest, old["d/big.bin"])
 
         stats = self.stats(mnt)
-        self.assertEqual(stats["datasets"]["ds"]["generation"], 2)
+        self.assertEqual(stats["datasets"]["ds"]["generation"], second)
         self.assertEqual(stats["watch"]["refreshed"], 1)
         self.assertEqual(stats["watch"]["pending"], {})
         again = self.dsfs("refresh", mnt, redis=False)
-        self.assertIn("ds: generation 2, already current", again.stdout)
+        self.assertIn(f"ds: generation {second}, already current", again.stdout)
 
     def test_a_dataset_made_again_after_redis_lost_its_data_never_mixes_into_an_open_file(self):
         # Redis loses everything (the generation counter too) and the dataset is made again:
-        # generation 1 again, the same names and sizes, other bytes under the same keys. Before,
-        # the mount took it for the generation it served: an open file read on into the new
-        # bytes, and `dsfs refresh` said "already current".
+        # the same names and sizes, other bytes. Its generation used to be 1 again, the same keys:
+        # the mount took it for the generation it served, an open file read on into the new
+        # bytes (before any pass of the watcher, too: found by an audit), and `dsfs refresh` said
+        # "already current".
         src, old = self.write_tree("v1", 5, {"d/big.bin": BIG, "d/small.bin": 500})
         self.dsfs("ingest", src, "--dataset", "ds")
         # No poll of its own within the test: the refresh below is the pass that sees it all.
@@ -136,11 +141,8 @@ class DatasetChangeTest(DsfsTestCase):
             self.redis.cli("FLUSHALL")
             src2, new = self.write_tree("v2", 6, {"d/big.bin": BIG, "d/small.bin": 500})
             self.dsfs("ingest", src2, "--dataset", "ds")
-            self.dsfs("refresh", mnt, "ds", redis=False)
-            self.assertEqual(self.read(path), new["d/big.bin"])
-            self.assertEqual(self.read(os.path.join(mnt, "ds", "d", "small.bin")),
-                             new["d/small.bin"])
-            # Opened before: its own bytes (what was cached), then EIO; never the new ones.
+            # Opened before, read on before the mount has looked: its own bytes (what was
+            # cached), then EIO; never the new ones.
             rest = b""
             try:
                 while chunk := held.read(1 << 20):
@@ -148,6 +150,10 @@ class DatasetChangeTest(DsfsTestCase):
             except OSError as e:
                 self.assertEqual(e.errno, errno.EIO)
             self.assertEqual(head + rest, old["d/big.bin"][:len(head) + len(rest)])
+            self.dsfs("refresh", mnt, "ds", redis=False)
+            self.assertEqual(self.read(path), new["d/big.bin"])
+            self.assertEqual(self.read(os.path.join(mnt, "ds", "d", "small.bin")),
+                             new["d/small.bin"])
             self.assertLess(len(head) + len(rest), BIG)  # its objects are not fetched again
         self.assertEqual(self.stats(mnt)["watch"]["refreshed"], 1)
 
@@ -169,7 +175,7 @@ class DatasetChangeTest(DsfsTestCase):
         self.dsfs("ingest", src2, "--dataset", "other")
         self.assertEqual(self.datasets_in(mnt), ["ds"])
         out = self.dsfs("refresh", mnt, redis=False)
-        self.assertIn("other: appeared (generation 1)", out.stdout)
+        self.assertIn(f"other: appeared (generation {self.generation('other')})", out.stdout)
         self.assertEqual(self.datasets_in(mnt), ["ds", "other"])
 
     def test_follow_updates_switches_without_a_refresh(self):
@@ -180,8 +186,9 @@ class DatasetChangeTest(DsfsTestCase):
         self.assertEqual(self.read(path), old["f.bin"])
         src2, new = self.write_tree("v2", 8, {"f.bin": 4000})
         self.dsfs("ingest", src2, "--dataset", "ds")
-        wait_for(lambda: self.stats(mnt)["datasets"]["ds"]["generation"] == 2, DEADLINE,
-                 "the mount to follow 'ds' to generation 2")
+        second = self.generation("ds")
+        wait_for(lambda: self.stats(mnt)["datasets"]["ds"]["generation"] == second, DEADLINE,
+                 "the mount to follow 'ds' to its second generation")
         self.assertEqual(self.read(path), new["f.bin"])
 
     def test_a_mount_of_named_datasets_shows_no_others(self):

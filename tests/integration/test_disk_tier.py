@@ -295,6 +295,7 @@ class DiskTierTest(DsfsTestCase):
         # two datasets apart. rm once deleted the generation counter, the new dataset was
         # generation 1 again, and the tier served the removed dataset's bytes for it.
         self.fill_tier()
+        before = json.loads(self.dsfs("info", "dt", "--json").stdout)["generation"]
         self.dsfs("rm", "dt")
         for rel, data in list(self.files.items()):
             self.files[rel] = bytes(b ^ 0x5A for b in data)
@@ -304,18 +305,28 @@ class DiskTierTest(DsfsTestCase):
         mnt = self.mount_with_tier()
         self.epoch(mnt, seed=3)
         self.assertEqual(self.stats(mnt)["disk_tier"]["hits"], 0)
-        self.assertGreater(json.loads(self.dsfs("info", "dt", "--json").stdout)["generation"], 1)
+        self.assertGreater(json.loads(self.dsfs("info", "dt", "--json").stdout)["generation"],
+                           before)
 
     def test_a_tier_filled_from_another_namespace_serves_none_of_its_bytes(self):
-        # The same name and generation (1) in two namespaces, the same sizes, other bytes: the
+        # The same name and generation in two namespaces, the same sizes, other bytes: the
         # files record which ingest wrote them, and the other's are dropped, not served.
+        # Generation numbers are the server's time in microseconds, so a counter set ahead of
+        # it in both namespaces makes them equal.
+        ahead = "8999999999999999"
+        self.redis.cli("SET", "dsfs:{dt}:nextgen", ahead)
+        self.dsfs("ingest", self.src, "--dataset", "dt", "--progress", "none")
         self.fill_tier()
         for rel, data in list(self.files.items()):
             self.files[rel] = bytes(b ^ 0xA5 for b in data)
             with open(os.path.join(self.src, rel), "wb") as f:
                 f.write(self.files[rel])
+        self.redis.cli("SET", "other:{dt}:nextgen", ahead)
         self.dsfs("ingest", self.src, "--dataset", "dt", "--namespace", "other", "--progress",
                   "none")
+        self.assertEqual(json.loads(self.dsfs("info", "dt", "--json").stdout)["generation"],
+                         json.loads(self.dsfs("info", "dt", "--json", "--namespace",
+                                              "other").stdout)["generation"])
         mnt = self.mount_with_tier("--namespace", "other")
         self.epoch(mnt, seed=4)
         tier = self.stats(mnt)["disk_tier"]
@@ -516,7 +527,9 @@ class DiskTierTest(DsfsTestCase):
         self.assertEqual(shown["objects"], FILES)
         self.assertEqual(shown["bytes"], self.stats(mnt)["disk_tier"]["bytes_used"])
         self.assertEqual([(g["dataset"], g["generation"], g["objects"])
-                          for g in shown["generations"]], [("dt", 1, FILES)])
+                          for g in shown["generations"]],
+                         [("dt", json.loads(self.dsfs("info", "dt", "--json").stdout)["generation"],
+                           FILES)])
         text = self.dsfs("cache", "show", self.tier, redis=False).stdout
         self.assertIn(f"in use by a dsfs mount (pid {pid})", text)
         # Refused while the mount uses it: nothing removed, reads still from the tier.

@@ -105,16 +105,37 @@ TEST_F(DatasetTest, ListIsEmptyAndUnknownDatasetIsNotFound) {
   EXPECT_THROW(collect_garbage(*client_, keys_, "nope"), DatasetNotFound);
 }
 
+// A generation number is the server's time in microseconds at begin_generation, or one more
+// than the last if that is later.
 TEST_F(DatasetTest, GenerationsAreFreshAndRecorded) {
-  EXPECT_EQ(begin_generation(*client_, keys_, "ds"), 1u);
-  EXPECT_EQ(begin_generation(*client_, keys_, "ds"), 2u);
-  EXPECT_EQ(begin_generation(*client_, keys_, "other"), 1u);
+  const store::Reply time = client_->command({"TIME"});
+  const uint64_t server_us =
+      std::stoull(std::string(store::Reply::element_str(time.element(0)))) * 1000000;
+  const uint64_t first = begin_generation(*client_, keys_, "ds");
+  EXPECT_GE(first, server_us);
+  const uint64_t second = begin_generation(*client_, keys_, "ds");
+  EXPECT_GT(second, first);
+  EXPECT_GE(begin_generation(*client_, keys_, "other"), first);
+  client_->command({"SET", keys_.next_generation("ds"), "9999999999999999"}).expect_ok("SET");
+  EXPECT_EQ(begin_generation(*client_, keys_, "ds"), 10000000000000000u);
   const store::Reply gens = client_->command({"SMEMBERS", keys_.generations("ds")});
   std::set<std::string> members;
   for (size_t i = 0; i < gens.size(); ++i)
     members.emplace(store::Reply::element_str(gens.element(i)));
-  EXPECT_EQ(members, (std::set<std::string>{"1", "2"}));
+  EXPECT_EQ(members, (std::set<std::string>{std::to_string(first), std::to_string(second),
+                                            "10000000000000000"}));
   EXPECT_THROW(begin_generation(*client_, keys_, "a:b"), std::invalid_argument);
+}
+
+// Redis lost the counter with the data (FLUSHALL, a restart without persistence) and the dataset
+// is made again: its generation is not one the lost dataset had. A counter started again at 1,
+// and a mount holding the lost generation 1's chunks in its cache served files that mixed both
+// datasets' bytes (found by an audit).
+TEST_F(DatasetTest, ADatasetMadeAgainAfterRedisLostItsDataGetsANewGenerationNumber) {
+  const DatasetInfo lost = ingest("ds", sample_catalog(1));
+  client_->command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  const DatasetInfo again = ingest("ds", sample_catalog(2));
+  EXPECT_GT(again.generation, lost.generation);
 }
 
 // The name joins the datasets set before anything is written, so a crash between the info flip

@@ -27,6 +27,9 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr char kDataset[] = "ds";
+// A generation counter set ahead of the server's clock in microseconds: the next generation is
+// kAhead + 1 whenever it is set, as a counter that restarts from 0 would give the same number.
+constexpr char kAhead[] = "8999999999999999";
 
 // Publishes a new generation of dataset `name` holding one file, f.bin = `content`; returns the
 // generation.
@@ -46,6 +49,11 @@ uint64_t publish(store::Client& client, const std::string& content,
   return generation;
 }
 
+void set_counter_ahead(store::Client& client) {
+  client.command({"SET", catalog::KeySchema("dsfs").next_generation(kDataset), kAhead})
+      .expect_ok("SET nextgen");
+}
+
 // The generation `listing` shows for `ds`; nullopt when it lists none.
 std::optional<uint64_t> generation_in(const MountTree& tree, const MountTree::Listing& listing) {
   const auto found = listing.by_name.find(kDataset);
@@ -53,12 +61,15 @@ std::optional<uint64_t> generation_in(const MountTree& tree, const MountTree::Li
   return tree.dataset(found->second)->generation();
 }
 
-// A redis-server with generation 1 of `ds` published, and a mount tree listing it.
+// A redis-server with generation kAhead + 1 of `ds` published, and a mount tree listing it.
 class DatasetWatcherTest : public ::testing::Test {
  protected:
   test::TestRedisServer redis;
   store::Client client{std::vector{redis.endpoint()}};
-  const uint64_t first = publish(client, "old bytes");
+  const uint64_t first = [this] {
+    set_counter_ahead(client);
+    return publish(client, "old bytes");
+  }();
   MountTree tree{load_datasets(client, catalog::KeySchema("dsfs"), {kDataset})};
 };
 
@@ -118,7 +129,7 @@ TEST_F(DatasetWatcherTest, APollThatFollowsUpdatesAnnouncesAfterTheListenerToo) 
   watcher.stop();
 }
 
-// Redis lost its data and the dataset was made again: generation 1 again, other bytes of the
+// Redis lost its data and the dataset was made again under its number, other bytes of the
 // same length under the same keys. A pass shows the new one, and the old snapshot fetches
 // nothing more (its keys hold the new one's objects). Before, the pass saw generation 1 still
 // current and kept it: files read the new objects under the old paths, mixed with cached ones.
@@ -128,7 +139,11 @@ TEST_F(DatasetWatcherTest, ADatasetMadeAgainUnderItsGenerationNumberIsShownAnewA
                          [](const std::vector<std::string>&) {});
   const uint32_t old_index = *tree.find(kDataset);
   client.command({"FLUSHALL"}).expect_ok("FLUSHALL");
-  ASSERT_EQ(publish(client, "new bytes"), first);  // the counter went with the data
+  // The counter went with the data. Generation numbers are the server's time in microseconds,
+  // so the number comes back only from a counter set ahead of that (as the fixture's was), or
+  // a server clock set back: what the watcher still guards against.
+  set_counter_ahead(client);
+  ASSERT_EQ(publish(client, "new bytes"), first);
   ASSERT_EQ(watcher.refresh({kDataset}), 0);
   const uint32_t new_index = *tree.find(kDataset);
   EXPECT_NE(new_index, old_index);
@@ -150,6 +165,7 @@ TEST(DatasetWatcherLeases, ADatasetMadeAgainUnderItsGenerationNumberKeepsItsLeas
   test::TestRedisServer redis;
   store::Client client(std::vector{redis.endpoint()});
   const catalog::KeySchema keys("dsfs");
+  set_counter_ahead(client);
   const uint64_t first = publish(client, "old bytes");
   GenerationLeases leases(client, keys);
   MountTree tree(load_datasets(client, keys, {kDataset}, &leases));
@@ -160,6 +176,7 @@ TEST(DatasetWatcherLeases, ADatasetMadeAgainUnderItsGenerationNumberKeepsItsLeas
   ASSERT_TRUE(held());
 
   client.command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  set_counter_ahead(client);
   ASSERT_EQ(publish(client, "new bytes"), first);
   ASSERT_EQ(watcher.refresh({kDataset}), 0);
   ASSERT_EQ(watcher.stats().refreshed, 1u);

@@ -356,14 +356,14 @@ TEST_F(IngestRedisTest, InterruptedIngestLeavesThePreviousGenerationIntact) {
   IngestOptions options = options_for(src, "stable");
   options.jobs = 1;
   options.stop = &stop;
-  options.on_piece_written = [&](uint64_t pieces) {
-    if (pieces == 5) stop = true;
-  };
   uint64_t interrupted_generation = 0;
-  {
-    const auto client = connect();
-    interrupted_generation = catalog::read_info(*client, keys_, "stable").generation + 1;
-  }
+  options.on_piece_written = [&](uint64_t pieces) {
+    if (pieces != 5) return;
+    stop = true;
+    // The generation this ingest writes: the counter's value (a later one is not begun).
+    interrupted_generation = std::stoull(
+        std::string(connect()->command({"GET", keys_.next_generation("stable")}).str()));
+  };
   try {
     ingest(options);
     FAIL() << "the interrupted ingest published";
@@ -384,6 +384,7 @@ TEST_F(IngestRedisTest, InterruptedIngestLeavesThePreviousGenerationIntact) {
         << path;
   }
   // What the interrupted generation wrote was removed, and it is no longer tracked.
+  ASSERT_GT(interrupted_generation, first.generation);
   EXPECT_EQ(count_keys(*client, keys_.generation_objects_pattern("stable", interrupted_generation)),
             0u);
   EXPECT_EQ(client
