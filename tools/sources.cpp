@@ -5,12 +5,15 @@
 #include <archive_entry.h>
 #include <curl/curl.h>
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -108,6 +111,26 @@ bool libarchive_recognises(const std::filesystem::path& file) {
 }
 
 }  // namespace
+
+int64_t detail::mtime_ns_from(int64_t seconds, int64_t nanoseconds, std::string_view path) {
+  constexpr int64_t kBillion = 1'000'000'000;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  int64_t scaled = 0;
+  int64_t total = 0;
+  if (!__builtin_mul_overflow(seconds, kBillion, &scaled) &&
+      !__builtin_add_overflow(scaled, nanoseconds, &total)) {
+    return total;
+  }
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    spdlog::warn(
+        "{}: its modification time ({} s since 1970) is outside what dsfs stores (1677-09-21 to "
+        "2262-04-11); stored as the nearest of those (and so for any other such file)",
+        store::log_text(path), seconds);
+  }
+  return seconds < 0 ? kMin : kMax;
+}
 
 void detail::ensure_curl_initialised() {
   static const CURLcode status = curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -26,8 +26,9 @@ constexpr size_t kZeroBlockBytes = 64 * 1024;
 
 int64_t entry_mtime_ns(archive_entry* entry) {
   if (!archive_entry_mtime_is_set(entry)) return 0;
-  return static_cast<int64_t>(archive_entry_mtime(entry)) * 1'000'000'000 +
-         archive_entry_mtime_nsec(entry);
+  const char* path = archive_entry_pathname(entry);
+  return detail::mtime_ns_from(archive_entry_mtime(entry), archive_entry_mtime_nsec(entry),
+                               path ? path : "");
 }
 
 // Makes this thread's LC_CTYPE UTF-8 while it lives (unless it already is). libarchive converts

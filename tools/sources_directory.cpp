@@ -73,7 +73,7 @@ class DirectorySource final : public Source {
       throw errno_error("cannot read directory", root_, errno);
     }
     contents.directories.push_back(
-        DirectoryRecord{"", detail::mtime_ns_of(root_stat), root_stat.st_mode & 07777u});
+        DirectoryRecord{"", detail::mtime_ns_of(root_stat, root_), root_stat.st_mode & 07777u});
     std::vector<DirectoryId> ancestors{DirectoryId{root_stat.st_dev, root_stat.st_ino}};
     walk("", ancestors, contents, sink);
 
@@ -174,7 +174,7 @@ class DirectorySource final : public Source {
           continue;
         }
         contents.directories.push_back(
-            DirectoryRecord{relative, detail::mtime_ns_of(st), st.st_mode & 07777u});
+            DirectoryRecord{relative, detail::mtime_ns_of(st, path), st.st_mode & 07777u});
         ancestors.push_back(id);
         walk(relative, ancestors, contents, sink);
         ancestors.pop_back();
@@ -183,7 +183,7 @@ class DirectorySource final : public Source {
         file.path = relative;
         file.object_id = contents.files.size();
         file.size = static_cast<uint64_t>(st.st_size);
-        file.mtime_ns = detail::mtime_ns_of(st);
+        file.mtime_ns = detail::mtime_ns_of(st, path);
         file.mode = st.st_mode & 07777u;
         contents.files.push_back(std::move(file));
         walked_files_.push_back(FileId{st.st_dev, st.st_ino});

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -26,8 +27,12 @@ void enable_archive_filters(struct archive* reader);
 // curl_global_init, once per process (the first call's failure is rethrown by every call).
 void ensure_curl_initialised();
 
-inline int64_t mtime_ns_of(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+// A modification time in nanoseconds since the epoch, which int64 holds from 1677-09-21 to
+// 2262-04-11: a time outside is clamped to that range (a file dated 2300 wrapped round to 1715
+// before), with one warning per process naming the first such path.
+int64_t mtime_ns_from(int64_t seconds, int64_t nanoseconds, std::string_view path);
+inline int64_t mtime_ns_of(const struct stat& st, std::string_view path) {
+  return mtime_ns_from(st.st_mtim.tv_sec, st.st_mtim.tv_nsec, path);
 }
 
 // Calls `work(index, state, stop)` for every index in [0, count) on min(parallelism, count)

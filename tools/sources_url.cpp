@@ -156,9 +156,8 @@ class UrlListSource final : public Source {
         const FileDigest digest = stream.finish();
         file.size = digest.size;
         file.checksum = digest.checksum;
-        file.mtime_ns = (file_time >= 0 ? static_cast<int64_t>(file_time)
-                                        : static_cast<int64_t>(std::time(nullptr))) *
-                        1'000'000'000;
+        file.mtime_ns = detail::mtime_ns_from(
+            file_time >= 0 ? static_cast<int64_t>(file_time) : std::time(nullptr), 0, file.path);
         file.mode = 0644;
         return;
       }
