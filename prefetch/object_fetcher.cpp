@@ -31,6 +31,16 @@ uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t e
   return chunk + 1 < count ? chunk_size : size - (count - 1) * chunk_size;
 }
 
+void ObjectFetcher::log_limited(store::LogLimiter& limiter, const std::string& message) {
+  if (const std::optional<uint64_t> held_back = limiter.admit()) {
+    if (*held_back == 0) {
+      spdlog::error("{}", message);
+    } else {
+      spdlog::error("{} ({} more like it not logged)", message, *held_back);
+    }
+  }
+}
+
 bool ObjectFetcher::answers_within(std::chrono::milliseconds limit) const {
   return client_.answers_within(limit);
 }
@@ -163,6 +173,14 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.round_trips.fetch_add(1, std::memory_order_relaxed);
     stats_.gets.fetch_add(keys.size(), std::memory_order_relaxed);
+  } catch (const store::ReplyError& e) {
+    // Refused before any GET ran (AUTH or READONLY on a new connection: a password changed).
+    stats_.retries.fetch_add(retries, std::memory_order_relaxed);
+    stats_.reply_errors.fetch_add(1, std::memory_order_relaxed);
+    log_limited(reply_error_log_,
+                fmt::format("read of {}/{} failed: {}", dataset.name(),
+                            store::log_text(dataset.catalog->path(entry)), e.what()));
+    throw;
   } catch (const store::ConnectionError& e) {
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
@@ -219,16 +237,17 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
       const std::string message =
           fmt::format("GET {} for {}/{} failed: Redis replied '{}'", key, dataset.name(),
                       store::log_text(dataset.catalog->path(entry)), store::log_text(reply.error));
-      spdlog::error("{}", message);
+      log_limited(reply_error_log_, message);
       throw store::ReplyError(message);
     }
     if (reply.kind == store::ValueReply::Kind::kNil) {
       stats_.missing.fetch_add(1, std::memory_order_relaxed);
       const std::string message = fmt::format(
-          "object key {} of {}/{} is missing from Redis (dataset removed or "
-          "generation {} garbage-collected? remount to see the current one)",
+          "object key {} of {}/{} is missing from Redis (the dataset removed, made again, or "
+          "generation {} collected? the mount serves the current one after its next poll or "
+          "`dsfs refresh MOUNT`)",
           key, dataset.name(), store::log_text(dataset.catalog->path(entry)), dataset.generation());
-      spdlog::error("{}", message);
+      log_limited(missing_log_, message);
       throw IntegrityError(IntegrityError::Kind::kMissing, message);
     }
     const uint64_t expected = chunk_length(*dataset.catalog, entry, chunks[i]);
@@ -237,7 +256,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
       const std::string message = fmt::format(
           "object key {} of {}/{} holds {} bytes but the catalogue says {}: refusing to serve it",
           key, dataset.name(), store::log_text(dataset.catalog->path(entry)), reply.size, expected);
-      spdlog::error("{}", message);
+      log_limited(length_log_, message);
       throw IntegrityError(IntegrityError::Kind::kLength, message);
     }
     stats_.bytes.fetch_add(expected, std::memory_order_relaxed);

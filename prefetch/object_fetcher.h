@@ -18,6 +18,7 @@
 #include "prefetch/object_data.h"
 #include "src/catalog/keys.h"
 #include "src/store/client.h"
+#include "src/store/log_limiter.h"
 #include "src/store/thread_annotations.h"
 
 namespace dsfs::prefetch {
@@ -119,6 +120,8 @@ class ObjectFetcher {
                                              std::span<const uint32_t> chunks);
   // True if a fresh connection (not the pool's) connects and answers PING within `limit`.
   bool answers_within(std::chrono::milliseconds limit) const;
+  // spdlog::error(message) unless `limiter` holds it back.
+  static void log_limited(store::LogLimiter& limiter, const std::string& message);
 
   store::Client& client_;
   catalog::KeySchema keys_;
@@ -137,6 +140,11 @@ class ObjectFetcher {
   // re-issues a failed READ (the readahead, then the page), and a success of another file clears
   // redis_down_, so with Redis half-reachable one read(2) waited several timeouts before EIO.
   // Entries go on success, or when found expired.
+  // Errors every read may meet (a dataset removed under the mount, a password changed) are
+  // logged at most a few times per window each, with how many were held back.
+  store::LogLimiter missing_log_;
+  store::LogLimiter length_log_;
+  store::LogLimiter reply_error_log_;
   Mutex failed_mutex_;
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> recently_failed_
       DSFS_GUARDED_BY(failed_mutex_);

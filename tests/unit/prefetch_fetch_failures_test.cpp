@@ -4,6 +4,8 @@
 // cleared the "Redis is down" state. A real redis-server that drops any client whose reply
 // exceeds 256 KiB (client-output-buffer-limit) makes one file unfetchable and another fine.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <memory>
@@ -81,6 +83,31 @@ TEST_F(FetchFailures, AFileThatJustWaitedTheWholeTimeoutIsTriedOnceNotWaitedForA
   fetch("small.bin");
   EXPECT_THROW(fetch("big2.bin"), store::ConnectionError);
   EXPECT_GT(retries(), first_retries);
+}
+
+// A dataset removed under the mount (or Redis emptied) fails every read with a missing key: each
+// logged its own error line, thousands a second (an audit's log grew 4.7 MB in minutes). A few
+// lines per window are written now, the next one saying how many were held back.
+TEST_F(FetchFailures, AnErrorEveryReadMeetsIsLoggedAFewTimesNotOncePerRead) {
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", ring));
+  store::Connection(redis_.endpoint()).command({"FLUSHALL"}).expect_ok("FLUSHALL");
+  int failed = 0;
+  for (int i = 0; i < 200; ++i) {
+    try {
+      fetch("small.bin");
+    } catch (const IntegrityError&) {
+      ++failed;
+    }
+  }
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(failed, 200);
+  EXPECT_EQ(fetcher_.stats().missing.load(), 200u);
+  const std::vector<std::string> lines = ring->last_formatted();
+  EXPECT_GE(lines.size(), 1u);
+  EXPECT_LE(lines.size(), 10u) << lines.size() << " lines for 200 reads";
+  EXPECT_NE(lines.front().find("is missing from Redis"), std::string::npos) << lines.front();
 }
 
 }  // namespace
