@@ -114,7 +114,8 @@ Filesystem::Filesystem(std::shared_ptr<store::Client> client,
       control_node_(
           tree_, [this] { return stats_json(); }, engine_,
           [this](const std::vector<std::string>& names) { return watcher_.refresh(names); }),
-      watcher_(tree_, *client_, catalog::KeySchema(options_.ns), options_.watch, options_.leases,
+      watcher_(tree_, options_.control_client ? *options_.control_client : *client_,
+               catalog::KeySchema(options_.ns), options_.watch, options_.leases,
                [this](const std::vector<std::string>& names) { datasets_changed(names); }),
       trimmer_(
           [this] {

@@ -81,6 +81,11 @@ struct FilesystemOptions {
   // Pins each generation the watcher lists (and is told of those it stops serving); null: no
   // leases. Must outlive the Filesystem.
   GenerationLeases* leases = nullptr;
+  // The client the watcher polls and refreshes through; null: the read path's. `dsfs mount`
+  // gives the leases' client, whose short timeouts let a pass under way when Redis is down end
+  // soon after an unmount (with the reads' --timeout it held the daemon's exit for 30 s).
+  // Must outlive the Filesystem.
+  store::Client* control_client = nullptr;
   // The local-disk tier (--disk-cache) between the object cache and Redis; null: none. Must
   // outlive the Filesystem; its writer is started by whoever opened it (after any fork).
   prefetch::DiskTier* disk_tier = nullptr;

@@ -313,6 +313,7 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
       .interval = std::chrono::milliseconds(static_cast<int64_t>(args.watch_interval_s * 1000)),
       .follow_updates = args.follow_updates};
   fs_options.leases = &leases;
+  fs_options.control_client = lease_client.get();
   // Opened before the fork, so a directory another mount holds is refused on the terminal; its
   // writer thread starts in the daemon.
   std::unique_ptr<prefetch::DiskTier> disk_tier;

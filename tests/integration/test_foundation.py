@@ -10,7 +10,7 @@ import tempfile
 import time
 import unittest
 
-from harness import DSFS, DsfsTestCase, free_port, is_mounted, mount_stats, run
+from harness import DSFS, DsfsTestCase, free_port, is_mounted, mount_stats, run, wait_for
 
 SOURCE = None  # module-wide source tree: synth output plus awkward files
 
@@ -183,6 +183,23 @@ class IngestMountTest(DsfsTestCase):
         rel = os.path.relpath(files[1], self.ds)
         with open(os.path.join(SOURCE, rel), "rb") as f:
             self.assertEqual(data, f.read())
+
+    def test_an_unmount_while_redis_is_down_ends_the_daemon(self):
+        # With the default --timeout (30 s), a poll of the dataset watcher under way when Redis
+        # went away held the daemon's exit for up to 30 s after the unmount: `dsfs umount`
+        # reported that the daemon had not exited (found by an audit).
+        self.umount(self.mnt)
+        mnt = self.mount("--watch-interval", "200ms", name="down")
+        self.redis.stop()
+        try:
+            wait_for(lambda: self.stats(mnt)["watch"]["failures"] >= 1, 60,
+                     "the watcher to meet the outage")
+            res = self.dsfs("umount", mnt, redis=False, check=False)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.mounts.remove(mnt)
+        finally:
+            self.redis.start()
+        self.assertFalse(is_mounted(mnt))
 
     def test_reingest_keeps_open_readers_and_snapshot(self):
         big = os.path.join(self.ds, "class_0000", "big.bin")
