@@ -44,6 +44,7 @@ std::optional<uint64_t> discard_generation(store::Client& client, const catalog:
     const uint64_t deleted = catalog::delete_generation(client, keys, name, generation);
     spdlog::info("removed {} keys of the unpublished generation {} of '{}'", deleted, generation,
                  name);
+    if (*current == 0) catalog::forget_if_nothing_left(client, keys, name);
   } catch (const std::exception& e) {
     spdlog::warn(
         "could not remove the unpublished generation {} of '{}' ({}); the next successful "

@@ -749,6 +749,15 @@ uint64_t collect_garbage(store::Client& client, const KeySchema& keys, const std
   return deleted;
 }
 
+bool forget_if_nothing_left(store::Client& client, const KeySchema& keys, const std::string& name) {
+  validate_dataset_name(name);
+  const long long left = client.command({"EXISTS", keys.info(name), keys.generations(name)})
+                             .expect_ok("EXISTS")
+                             .integer();
+  if (left != 0) return false;
+  return client.command({"SREM", keys.datasets(), name}).expect_ok("SREM datasets").integer() > 0;
+}
+
 uint64_t delete_generation(store::Client& client, const KeySchema& keys, const std::string& name,
                            uint64_t gen) {
   validate_dataset_name(name);

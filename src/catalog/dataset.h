@@ -111,6 +111,12 @@ void publish(store::Client& client, const KeySchema& keys, DatasetInfo& info,
 uint64_t collect_garbage(store::Client& client, const KeySchema& keys, const std::string& name,
                          unsigned keep_previous = 1);
 
+// Takes `name` out of the datasets set if it has no info and no generation left: a first ingest
+// that failed, its generation deleted, left nothing else (list named it as an ingest that left
+// what it wrote). A publish begun meanwhile adds the name again when it flips. Returns whether
+// it was taken out.
+bool forget_if_nothing_left(store::Client& client, const KeySchema& keys, const std::string& name);
+
 // Deletes every object and manifest chunk of generation `gen` of `name` (SCAN+UNLINK batches),
 // then its entry in the gens set, last, so that an interrupted deletion is found and redone by
 // the next collection. Returns keys deleted. The caller makes sure `gen` is not the current one.
