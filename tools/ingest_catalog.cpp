@@ -1,6 +1,8 @@
 #include "tools/ingest_catalog.h"
 
 #include <fmt/core.h>
+#include <linux/limits.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,6 +10,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+
+#include "src/store/log_text.h"
 
 namespace dsfs::tools {
 namespace {
@@ -128,6 +132,7 @@ SampleMetadata parse_metadata_jsonl(std::istream& in, std::string_view file_name
   SampleMetadata metadata;
   std::string line;
   size_t line_number = 0;
+  size_t over_xattr_limit = 0;  // samples whose metadata no extended attribute holds
   while (std::getline(in, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -135,8 +140,9 @@ SampleMetadata parse_metadata_jsonl(std::istream& in, std::string_view file_name
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw std::invalid_argument(fmt::format("{}: malformed JSON: {}", where(), e.what()));
+    } catch (const nlohmann::json::exception& e) {  // syntax, a number out of range...
+      throw std::invalid_argument(
+          fmt::format("{}: malformed JSON: {}", where(), store::log_text(e.what())));
     }
     if (!object.is_object()) {
       throw std::invalid_argument(fmt::format("{}: expected a JSON object", where()));
@@ -151,7 +157,19 @@ SampleMetadata parse_metadata_jsonl(std::istream& in, std::string_view file_name
       throw std::invalid_argument(fmt::format("{}: \"path\" names no file", where()));
     }
     object.erase(path_member);
-    std::string text = object.empty() ? std::string() : object.dump();
+    std::string text;
+    try {
+      if (!object.empty()) text = object.dump();
+    } catch (const nlohmann::json::exception& e) {  // a string that is not UTF-8
+      throw std::invalid_argument(fmt::format("{}: {}", where(), store::log_text(e.what())));
+    }
+    if (text.size() > XATTR_SIZE_MAX && ++over_xattr_limit == 1) {
+      spdlog::warn(
+          "{}: the metadata of '{}' is {} bytes, more than an extended attribute holds ({}): "
+          "it is read from .meta/NAME/metadata.jsonl, not as user.dsfs.meta (and so for any "
+          "other such sample)",
+          where(), store::log_text(key), text.size(), XATTR_SIZE_MAX);
+    }
     if (!metadata.by_path.emplace(key, std::move(text)).second) {
       throw std::invalid_argument(fmt::format("{}: path '{}' appears twice", where(), key));
     }

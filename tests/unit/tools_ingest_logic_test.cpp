@@ -356,6 +356,9 @@ TEST(ParseMetadata, ErrorsNameFileAndLine) {
   EXPECT_THAT(error_of("{\"caption\": \"x\"}\n"), HasSubstr("\"path\""));
   EXPECT_THAT(error_of("{\"path\": 3}\n"), HasSubstr("meta.jsonl:1"));
   EXPECT_THAT(error_of("{\"path\": \"a\"}\n{\"path\": \"a\"}\n"), HasSubstr("meta.jsonl:2"));
+  // A number out of range, a string that is not UTF-8: the place was missing (found by an audit).
+  EXPECT_THAT(error_of("{\"path\": \"a\", \"v\": 1e400}\n"), HasSubstr("meta.jsonl:1"));
+  EXPECT_THAT(error_of("{\"path\": \"a\", \"v\": \"\xff\"}\n"), HasSubstr("meta.jsonl:1"));
 }
 
 TEST(BuildCatalog, LabelsMetadataAndUnknownMetadataPaths) {
