@@ -390,6 +390,8 @@ struct Handlers {
 
   static void lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     guarded(req, Op::kLookup, [&](Filesystem& fs) {
+      // No entry has a longer name (ingest refuses one): say so as local filesystems do.
+      if (std::strlen(name) > NAME_MAX) return fail(fs, req, ENAMETOOLONG);
       const Target dir = target(fs, parent);
       const Found found = dir.node ? dir.node->lookup(dir.ref, name) : Found{};
       if (found.ino == 0) fs.counters_.count(ErrorKind::kNotFound);

@@ -244,6 +244,11 @@ TEST_F(MountTest, StatGivesIngestedSizesTimesAndReadOnlyModes) {
   EXPECT_NE(a.st_ino, b.st_ino);
   EXPECT_EQ(::access((data() / "nope").c_str(), F_OK), -1);
   EXPECT_EQ(errno, ENOENT);
+  // A name longer than any a dataset can hold: ENAMETOOLONG, as ext4 answers (it was ENOENT).
+  EXPECT_EQ(::access((data() / std::string(NAME_MAX + 1, 'n')).c_str(), F_OK), -1);
+  EXPECT_EQ(errno, ENAMETOOLONG);
+  EXPECT_EQ(::access((data() / std::string(NAME_MAX, 'n')).c_str(), F_OK), -1);
+  EXPECT_EQ(errno, ENOENT);
 }
 
 TEST_F(MountTest, ReadsReturnTheIngestedBytes) {
