@@ -53,6 +53,9 @@ namespace {
 
 // How long `dsfs mount` waits for its daemon to answer a first request.
 constexpr std::chrono::milliseconds kReadyWait{30000};
+// Below this a disk tier holds hardly an image (each takes a 4 KiB block at least, and a chunk up
+// to 4 MiB): a size like 4096 (a missing unit) is refused, not left to cache nothing.
+constexpr uint64_t kMinDiskCacheBytes = uint64_t{1} << 20;
 
 struct MountArgs {
   std::string mountpoint;
@@ -238,7 +241,24 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   if (args.lease_ttl_s < 1) throw std::invalid_argument("--lease-ttl must be at least 1s");
   if (args.watch_interval_s < 0) throw std::invalid_argument("--watch-interval cannot be negative");
   if (!args.disk_cache.empty() && args.disk_cache_bytes == 0) {
-    throw std::invalid_argument("--disk-cache needs --disk-cache-size (e.g. 200GiB)");
+    throw std::invalid_argument("--disk-cache needs a --disk-cache-size above 0 (e.g. 200GiB)");
+  }
+  if (!args.disk_cache.empty() && args.disk_cache_bytes < kMinDiskCacheBytes) {
+    throw std::invalid_argument(fmt::format(
+        "--disk-cache-size {} bytes holds no object worth keeping: give at least 1MiB (size it "
+        "to the dataset, e.g. 200GiB)",
+        args.disk_cache_bytes));
+  }
+  if (!args.disk_cache.empty()) {
+    // Its files would be written through this mount, which refuses every write.
+    const std::filesystem::path tier = std::filesystem::weakly_canonical(args.disk_cache);
+    const auto [end, _] =
+        std::mismatch(mountpoint.begin(), mountpoint.end(), tier.begin(), tier.end());
+    if (end == mountpoint.end()) {
+      throw std::invalid_argument(
+          fmt::format("--disk-cache {} is inside the mountpoint {}: give a directory outside it",
+                      tier.string(), mountpoint.string()));
+    }
   }
   // Bound before anything is mounted, so a port in use fails here; served by the daemon.
   std::optional<MetricsListener> metrics_listener;

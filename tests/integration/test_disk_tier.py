@@ -12,7 +12,7 @@ import shutil
 import signal
 import unittest
 
-from harness import DsfsTestCase, run, wait_for
+from harness import DsfsTestCase, is_mounted, run, wait_for
 from test_read_path import drop_page_cache
 
 FILES = 60
@@ -342,6 +342,23 @@ class DiskTierTest(DsfsTestCase):
                         check=False)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("in use by another dsfs mount", res.stderr)
+
+    def test_sizes_and_places_that_cannot_work_are_refused(self):
+        # Each was accepted (found by an audit): a size of 0 said the size was missing, a
+        # size without a unit cached nothing, and a tier inside the mountpoint failed every
+        # write through the read-only mount.
+        mnt = os.path.join(self.tmp, "refused")
+        os.makedirs(mnt)
+        for size, what in (("0", "above 0"), ("4096", "at least 1MiB")):
+            res = self.dsfs("mount", mnt, "--disk-cache", self.tier, "--disk-cache-size", size,
+                            check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn(what, res.stderr)
+        res = self.dsfs("mount", mnt, "--disk-cache", os.path.join(mnt, "tier"),
+                        "--disk-cache-size", "64MiB", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("inside the mountpoint", res.stderr)
+        self.assertFalse(is_mounted(mnt))
 
     def test_the_tier_stays_within_its_size(self):
         mnt = self.mount("--cache-size", "1MiB", "--prefetch", "off", "--disk-cache", self.tier,
