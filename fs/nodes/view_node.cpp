@@ -141,6 +141,7 @@ int ViewNode::list(const InodeRef& dir, uint64_t from, DirectorySink& out) {
     const std::string view_name = view_file_name(name);
     if (const auto same = catalog.lookup(dir.entry, view_name);
         same && catalog.entry(*same).is_dir) {
+      warn_shadowed(*t.dataset, child, view_name);
       continue;
     }
     if (!out.add(view_name, view_entry_inode(t.slot->canonical, dir.dataset, child), position)) {
@@ -148,6 +149,19 @@ int ViewNode::list(const InodeRef& dir, uint64_t from, DirectorySink& out) {
     }
   }
   return 0;
+}
+
+void ViewNode::warn_shadowed(const prefetch::DatasetSnapshot& dataset, uint32_t image,
+                             std::string_view view_name) {
+  {
+    MutexLock lock(shadow_warned_mutex_);
+    if (!shadow_warned_.emplace(dataset.name(), dataset.generation()).second) return;
+  }
+  spdlog::warn(
+      "{}/{}: its view {} is not shown in {}, where a directory of that name is; rename one "
+      "of the two in the dataset to see both (and so for any other such image of '{}')",
+      store::log_text(dataset.name()), store::log_text(dataset.catalog->path(image)),
+      store::log_text(view_name), kViewsDirName, store::log_text(dataset.name()));
 }
 
 uint64_t ViewNode::parent(const InodeRef& dir) {
