@@ -977,6 +977,7 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
     if (id.generation >= newest_generation_[id.dataset]) place_locked(it->second, true);
   }
   const std::filesystem::path path = path_of(id);
+  if (options_.before_open_for_tests) options_.before_open_for_tests(path);
   // Neither followed nor waited on: a link or a FIFO put in a file's place (the open of a FIFO
   // waits for a writer forever, with the reader and the daemon's exit behind it).
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,9 @@ struct DiskTierOptions {
   // disk read. False reads every file directly (tests of the direct path). Without cachestat
   // (Linux < 6.5, or a seccomp filter that refuses it) every read goes direct.
   bool page_cache_first = true;
+  // Tests only: called with an object file's path just before get() opens it, on the reading
+  // thread (a test holds a stager there). Null in dsfs.
+  std::function<void(const std::filesystem::path&)> before_open_for_tests = nullptr;
 };
 
 struct DiskTierStats {

@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -516,8 +518,9 @@ TEST_F(PrefetchEngineDiskTierTest, StoppingWithFilesQueuedForTheStagersReservesN
   }
 }
 
-// A tier that holds only the first files of a plan, the first of them named pipes: a stager
-// that opens one waits until the test lets it go (unblock()), so the stagers' queue stays full.
+// A tier that holds only the first files of a plan, the first of them held: a stager about to
+// open one waits until the test lets it go (unblock()), so the stagers' queue stays full. (They
+// were named pipes, whose open waited for a writer; the tier no longer waits on a FIFO.)
 class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
  protected:
   static constexpr uint32_t kOnDisk = 24;
@@ -538,9 +541,8 @@ class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
           DiskTierKey{
               .dataset = kName, .generation = kGeneration, .object_id = order_[k] + 1, .chunk = 0},
           file_size(order_[k]));
-      std::filesystem::remove(path);
-      EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
-      pipes_.push_back(path);
+      std::lock_guard lock(held_mutex_);
+      held_.insert(path);
     }
     engine_fetcher_ = &partial_fetcher_;
   }
@@ -549,15 +551,18 @@ class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
     engine_.reset();
     reader_.reset();
   }
-  // A stager waiting to open a pipe opens it (a writer came) and reads it empty (the writer is
-  // gone): a short file, dropped, fetched from Redis. One yet to open it finds it gone.
+  // The held files are removed, then the stagers waiting on them go on: each finds its file
+  // gone (dropped, fetched from Redis), as does one yet to come to it.
   void unblock() {
-    for (const std::filesystem::path& path : pipes_) {
-      const int writer = ::open(path.c_str(), O_RDWR | O_NONBLOCK);  // never blocks on a FIFO
-      std::filesystem::remove(path);
-      if (writer >= 0) ::close(writer);
-    }
-    pipes_.clear();
+    std::lock_guard lock(held_mutex_);
+    for (const std::filesystem::path& path : held_) std::filesystem::remove(path);
+    held_.clear();
+    held_changed_.notify_all();
+  }
+  // The tier's hook: a stager about to open a held file waits until unblock().
+  void wait_while_held(const std::filesystem::path& path) {
+    std::unique_lock lock(held_mutex_);
+    held_changed_.wait(lock, [&] { return !held_.contains(path); });
   }
   // The engine of these tests (a plan, 8 connections, 4 stagers); the entries its source
   // listener is told of are kept in told_.
@@ -580,9 +585,16 @@ class PrefetchEnginePartialTierTest : public PrefetchEngineTest {
   std::mutex told_mutex_;
   std::vector<uint32_t> told_;
   std::vector<uint32_t> order_;
-  std::vector<std::filesystem::path> pipes_;
   test::TempDir dir_{"dsfs-engine-partial-tier"};
-  DiskTier partial_tier_{DiskTierOptions{.dir = dir_.path() / "tier", .capacity_bytes = 64 << 20}};
+  std::mutex held_mutex_;
+  std::condition_variable held_changed_;
+  std::set<std::filesystem::path> held_;
+  DiskTier partial_tier_{
+      DiskTierOptions{.dir = dir_.path() / "tier",
+                      .capacity_bytes = 64 << 20,
+                      .before_open_for_tests = [this](const std::filesystem::path& path) {
+                        wait_while_held(path);
+                      }}};
   ObjectFetcher partial_fetcher_{client_, catalog::KeySchema("dsfs"),
                                  FetcherOptions{.timeout = 5s, .disk_tier = &partial_tier_}};
 };
