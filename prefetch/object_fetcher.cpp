@@ -198,7 +198,6 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
         newly_down = down_shards_.insert(shard).second || newly_down;
       down_shard_count_.store(down_shards_.size(), std::memory_order_relaxed);
     }
-    redis_down_.store(true, std::memory_order_relaxed);
     if (newly_down) {
       spdlog::error(
           "read of {}/{} failed: Redis unreachable for {} ms ({}); reads from there fail at once "
@@ -217,7 +216,6 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
       MutexLock lock(failed_mutex_);
       for (const size_t shard : shards) back = down_shards_.erase(shard) > 0 || back;
       down_shard_count_.store(down_shards_.size(), std::memory_order_relaxed);
-      redis_down_.store(!down_shards_.empty(), std::memory_order_relaxed);
       recently_failed_.erase(file);
     }
     if (back) {

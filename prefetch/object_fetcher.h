@@ -65,8 +65,8 @@ struct FetcherStats {
 
 // Thread safety: internally synchronized; fetch_chunks and the verify functions are called
 // concurrently by FUSE workers and the engine. Connections come from the (synchronized) client;
-// stats_ and redis_down_ are atomics; failed_mutex_ guards recently_failed_. options_ and keys_
-// are immutable after construction.
+// stats_ and down_shard_count_ are atomics; failed_mutex_ guards recently_failed_ and down_shards_.
+// options_ and keys_ are immutable after construction.
 class ObjectFetcher {
  public:
   ObjectFetcher(store::Client& client, catalog::KeySchema keys, FetcherOptions options);
@@ -110,7 +110,8 @@ class ObjectFetcher {
   bool on_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
 
   const FetcherStats& stats() const { return stats_; }
-  bool redis_down() const { return redis_down_.load(std::memory_order_relaxed); }
+  // Whether some shard has failed a whole timeout and not answered since.
+  bool redis_down() const { return down_shard_count_.load(std::memory_order_relaxed) != 0; }
   const FetcherOptions& options() const { return options_; }
   store::Client& client() const { return client_; }
 
@@ -131,21 +132,20 @@ class ObjectFetcher {
   // server) where a fetch has waited the whole timeout, each cleared by the next success there.
   // Meanwhile fetches from them try once instead of waiting again: the kernel re-issues a
   // failed read, and a loader walking many files would otherwise block a full timeout on every
-  // one. redis_down_: some shard is down; down_shard_count_ spares the lock while none is.
-  std::atomic<bool> redis_down_{false};
+  // one. down_shard_count_ (down_shards_.size()) spares the lock while none is down.
   std::atomic<size_t> down_shard_count_{0};
   std::unordered_set<size_t> down_shards_ DSFS_GUARDED_BY(failed_mutex_);
-  // Files (dataset index << 32 | entry) whose fetch failed after waiting the whole timeout, and
-  // when. Until the timeout has passed again, a fetch of the same file tries once: the kernel
-  // re-issues a failed READ (the readahead, then the page), and a success of another file clears
-  // redis_down_, so with Redis half-reachable one read(2) waited several timeouts before EIO.
-  // Entries go on success, or when found expired.
   // Errors every read may meet (a dataset removed under the mount, a password changed) are
   // logged at most a few times per window each, with how many were held back.
   store::LogLimiter missing_log_;
   store::LogLimiter length_log_;
   store::LogLimiter reply_error_log_;
   Mutex failed_mutex_;
+  // Files (dataset index << 32 | entry) whose fetch failed after waiting the whole timeout, and
+  // when. Until the timeout has passed again, a fetch of the same file tries once: the kernel
+  // re-issues a failed READ (the readahead, then the page), and a success of another file
+  // clears a shard's down mark, so with Redis half-reachable one read(2) waited several
+  // timeouts before EIO. Entries go on success, or when found expired.
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> recently_failed_
       DSFS_GUARDED_BY(failed_mutex_);
 };
