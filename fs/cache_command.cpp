@@ -13,10 +13,6 @@
 namespace dsfs::fs {
 namespace {
 
-std::string mib(uint64_t bytes) {
-  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-}
-
 void show(const std::filesystem::path& dir, bool as_json) {
   const prefetch::DiskTierContents contents = prefetch::inspect_disk_tier(dir);
   if (as_json) {
@@ -40,7 +36,7 @@ void show(const std::filesystem::path& dir, bool as_json) {
     return;
   }
   fmt::print("disk cache {}: {} objects, {}; {}\n", store::log_text(dir.string()), contents.objects,
-             mib(contents.bytes),
+             store::mib_text(contents.bytes),
              contents.held_by.empty() ? std::string("no mount uses it")
                                       : fmt::format("in use by a dsfs mount (pid {})",
                                                     store::log_text(contents.held_by)));
@@ -48,7 +44,7 @@ void show(const std::filesystem::path& dir, bool as_json) {
     fmt::print("  {:<32} {:>12} {:>10} {:>14}\n", "dataset", "generation", "objects", "size");
     for (const auto& g : contents.generations) {
       fmt::print("  {:<32} {:>12} {:>10} {:>14}\n", store::log_text(g.dataset, 64), g.generation,
-                 g.objects, mib(g.bytes));
+                 g.objects, store::mib_text(g.bytes));
     }
   }
   if (contents.temp_files > 0) {

@@ -244,6 +244,9 @@ void append_disk_tier(Exposition& x, const prefetch::DiskTierStats& t) {
   x.counter("dsfs_disk_cache_writes_dropped_total",
             "Objects not written: the queue was full and they left memory before a writer was free",
             t.writes_dropped);
+  x.counter("dsfs_disk_cache_writes_declined_total",
+            "Objects not written: the tier was full of files read in this epoch or the last",
+            t.writes_declined);
   x.counter("dsfs_disk_cache_write_errors_total", "Writes that failed (ENOSPC, EIO...)",
             t.write_errors);
   x.counter("dsfs_disk_cache_checksum_failures_total",

@@ -338,10 +338,11 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   // writer thread starts in the daemon.
   std::unique_ptr<prefetch::DiskTier> disk_tier;
   if (!args.disk_cache.empty()) {
-    disk_tier = std::make_unique<prefetch::DiskTier>(
-        prefetch::DiskTierOptions{.dir = std::filesystem::absolute(args.disk_cache),
-                                  .capacity_bytes = args.disk_cache_bytes,
-                                  .direct_io = !args.disk_cache_page_cache});
+    disk_tier = std::make_unique<prefetch::DiskTier>(prefetch::DiskTierOptions{
+        .dir = std::filesystem::absolute(args.disk_cache),
+        .capacity_bytes = args.disk_cache_bytes,
+        .direct_io = !args.disk_cache_page_cache,
+        .follows_epochs = fs_options.prefetch != prefetch::PrefetchMode::kOff});
     fs_options.disk_tier = disk_tier.get();
   }
   const size_t dataset_count = datasets.size();

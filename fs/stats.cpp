@@ -177,6 +177,7 @@ nlohmann::ordered_json disk_tier_json(const std::optional<prefetch::DiskTierStat
           {"bytes_written", t.bytes_written},
           {"writes_deferred", t.writes_deferred},
           {"writes_dropped", t.writes_dropped},
+          {"writes_declined", t.writes_declined},
           {"write_errors", t.write_errors},
           {"checksum_failures", t.checksum_failures},
           {"stale_drops", t.stale_drops},

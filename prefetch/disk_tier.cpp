@@ -678,9 +678,9 @@ void DiskTier::save_index() const {
     header.entries = index_.size();
     bytes.reserve(sizeof header + index_.size() * sizeof(IndexEntry) + sizeof(uint64_t));
     bytes.append(reinterpret_cast<const char*>(&header), sizeof header);
-    // In eviction order, as the next epoch would see it: what was read this epoch last.
-    for (const std::list<FileId>* list : {&lru_, &read_this_epoch_}) {
-      for (const FileId& id : *list) {
+    // In eviction order: what was read this epoch last.
+    for (const std::list<FileId>& list : by_age_) {
+      for (const FileId& id : list) {
         const IndexEntry entry{.dataset = id.dataset,
                                .generation = id.generation,
                                .object_id = id.object_id,
@@ -789,10 +789,15 @@ void DiskTier::rebuild_index() {
   if (!found) found = scan_objects();
   std::lock_guard lock(mutex_);
   index_.reserve(found->size());  // no rehash while 1.3 M entries go in
+  // All as read in the last epoch: this mount's first epoch is likely to read them again.
+  std::list<FileId>& loaded = by_age_[kLastEpoch];
   for (const Found& f : *found) {
-    lru_.push_back(f.id);
-    if (!index_.emplace(f.id, Entry{.bytes = f.bytes, .lru = std::prev(lru_.end())}).second) {
-      lru_.pop_back();  // named twice in a (checked) index: keep the first
+    loaded.push_back(f.id);
+    if (!index_
+             .emplace(f.id,
+                      Entry{.bytes = f.bytes, .age = kLastEpoch, .place = std::prev(loaded.end())})
+             .second) {
+      loaded.pop_back();  // named twice in a (checked) index: keep the first
       continue;
     }
     stats_.bytes_used += f.bytes;
@@ -800,38 +805,38 @@ void DiskTier::rebuild_index() {
     newest = std::max(newest, f.id.generation);
   }
   // Older generations go first.
-  for (auto it = lru_.begin(); it != lru_.end();) {
+  for (auto it = loaded.begin(); it != loaded.end();) {
     const auto next = std::next(it);
-    if (it->generation < newest_generation_[it->dataset]) lru_.splice(lru_.begin(), lru_, it);
+    if (it->generation < newest_generation_[it->dataset]) {
+      index_.at(*it).age = kEarlier;
+      by_age_[kEarlier].splice(by_age_[kEarlier].end(), loaded, it);
+    }
     it = next;
   }
   // A filesystem with less room than asked for: the tier keeps to what it has (its own files
   // included), or every write past it would fail with ENOSPC and nothing would be evicted.
-  struct statvfs fs {};
-  // (A filesystem without a size, such as ramfs, says 0 blocks: no bound known.)
-  if (::statvfs(options_.dir.c_str(), &fs) == 0 && fs.f_blocks > 0) {
-    const uint64_t room = stats_.bytes_used + static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-    if (room < stats_.capacity_bytes) {
-      stats_.capacity_bytes = room / 20 * 19;  // 5% for the index, directories, other writers
-      spdlog::warn(
-          "disk cache {}: its filesystem has room for {} MiB (the tier's files included), less "
-          "than the {} MiB asked for; the tier keeps to {} MiB",
-          options_.dir.string(), room >> 20, options_.capacity_bytes >> 20,
-          stats_.capacity_bytes >> 20);
-    }
+  if (const std::optional<uint64_t> room = room_locked(); room && *room < stats_.capacity_bytes) {
+    stats_.capacity_bytes = *room / 20 * 19;  // 5% for the index, directories, other writers
+    spdlog::warn(
+        "disk cache {}: its filesystem has room for {} (the tier's files included), less than "
+        "the {} asked for; the tier keeps to {} until it has more",
+        options_.dir.string(), store::mib_text(*room), store::mib_text(options_.capacity_bytes),
+        store::mib_text(stats_.capacity_bytes));
   }
-  // Made with a larger capacity before.
-  while (stats_.bytes_used > stats_.capacity_bytes && !lru_.empty()) {
-    erase_locked(lru_.front());
-    ++stats_.evictions;
+  // Made with a larger capacity before: the least recently used go, whatever their age.
+  for (std::list<FileId>& list : by_age_) {
+    while (stats_.bytes_used > stats_.capacity_bytes && !list.empty()) {
+      erase_locked(list.front());
+      ++stats_.evictions;
+    }
   }
   stats_.entries = index_.size();
   stats_.open_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("disk cache {}: {} objects, {} MiB of {} MiB ({} in {:.2f} s){}",
-               options_.dir.string(), index_.size(), stats_.bytes_used >> 20,
-               stats_.capacity_bytes >> 20, stats_.index_loaded ? "index loaded" : "objects listed",
-               stats_.open_seconds,
+  spdlog::info("disk cache {}: {} objects, {} of {} ({} in {:.2f} s){}", options_.dir.string(),
+               index_.size(), store::mib_text(stats_.bytes_used),
+               store::mib_text(stats_.capacity_bytes),
+               stats_.index_loaded ? "index loaded" : "objects listed", stats_.open_seconds,
                stats_.stale_temp_files > 0
                    ? fmt::format("; removed {} unfinished writes", stats_.stale_temp_files)
                    : "");
@@ -841,7 +846,7 @@ bool DiskTier::forget_locked(const FileId& id) {
   const auto it = index_.find(id);
   if (it == index_.end()) return false;
   stats_.bytes_used -= it->second.bytes;
-  (it->second.read_this_epoch ? read_this_epoch_ : lru_).erase(it->second.lru);
+  by_age_[it->second.age].erase(it->second.place);
   index_.erase(it);
   stats_.entries = index_.size();
   return true;
@@ -870,46 +875,68 @@ bool DiskTier::recycle_locked(FileId victim, const std::filesystem::path& temp) 
   return false;
 }
 
-DiskTier::FileId DiskTier::victim_locked() {
-  if (!lru_.empty()) {
-    const FileId& oldest = lru_.front();
-    if (oldest.generation < newest_generation_[oldest.dataset]) return oldest;
+std::optional<DiskTier::FileId> DiskTier::victim_locked() const {
+  if (!by_age_[kEarlier].empty()) return by_age_[kEarlier].front();
+  if (options_.follows_epochs) return std::nullopt;
+  for (const std::list<FileId>& list : by_age_) {
+    if (!list.empty()) return list.front();
   }
-  return read_this_epoch_.empty() ? lru_.front() : read_this_epoch_.front();
+  return std::nullopt;
 }
 
-void DiskTier::place_locked(Entry& entry, bool read_this_epoch) {
-  std::list<FileId>& from = entry.read_this_epoch ? read_this_epoch_ : lru_;
-  std::list<FileId>& to = read_this_epoch ? read_this_epoch_ : lru_;
-  to.splice(to.end(), from, entry.lru);
-  entry.read_this_epoch = read_this_epoch;
+std::optional<uint64_t> DiskTier::room_locked() const {
+  struct statvfs fs {};
+  // (A filesystem without a size, such as ramfs, says 0 blocks: no bound known.)
+  if (::statvfs(options_.dir.c_str(), &fs) != 0 || fs.f_blocks == 0) return std::nullopt;
+  return stats_.bytes_used + reserved_bytes_ + static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+void DiskTier::grow_to_room_locked() {
+  if (stats_.capacity_bytes >= options_.capacity_bytes) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - room_checked_ < options_.room_check_interval) return;
+  room_checked_ = now;
+  const std::optional<uint64_t> room = room_locked();
+  if (!room) return;
+  const uint64_t capacity = std::min(options_.capacity_bytes, *room / 20 * 19);
+  if (capacity <= stats_.capacity_bytes) return;
+  spdlog::info(
+      "disk cache {}: its filesystem has room again; the tier may take {} (of the {} "
+      "asked for)",
+      options_.dir.string(), store::mib_text(capacity), store::mib_text(options_.capacity_bytes));
+  stats_.capacity_bytes = capacity;
+}
+
+void DiskTier::touch_locked(Entry& entry) {
+  std::list<FileId>& to = by_age_[kThisEpoch];
+  to.splice(to.end(), by_age_[entry.age], entry.place);
+  entry.age = kThisEpoch;
 }
 
 void DiskTier::new_epoch() {
   std::lock_guard lock(mutex_);
-  for (const FileId& id : read_this_epoch_) index_.at(id).read_this_epoch = false;
-  lru_.splice(lru_.end(), read_this_epoch_);
+  for (const FileId& id : by_age_[kLastEpoch]) index_.at(id).age = kEarlier;
+  by_age_[kEarlier].splice(by_age_[kEarlier].end(), by_age_[kLastEpoch]);
+  for (const FileId& id : by_age_[kThisEpoch]) index_.at(id).age = kLastEpoch;
+  by_age_[kLastEpoch].splice(by_age_[kLastEpoch].end(), by_age_[kThisEpoch]);
 }
 
 void DiskTier::note_generation_locked(uint64_t dataset, uint64_t generation) {
   uint64_t& newest = newest_generation_[dataset];
   if (generation <= newest) return;
   newest = generation;
-  // Rare (a re-ingest): the dataset's older files move to the front of lru_.
-  for (auto it = read_this_epoch_.begin(); it != read_this_epoch_.end();) {
-    const auto next = std::next(it);
-    if (it->dataset == dataset && it->generation < generation) {
-      index_.at(*it).read_this_epoch = false;
-      lru_.splice(lru_.begin(), read_this_epoch_, it);
+  // Rare (a re-ingest): the dataset's older files move to the front, to go first.
+  std::list<FileId>& first = by_age_[kEarlier];
+  const auto old_first = first.begin();
+  for (std::list<FileId>& list : by_age_) {
+    for (auto it = list.begin(); it != list.end() && it != old_first;) {
+      const auto next = std::next(it);
+      if (it->dataset == dataset && it->generation < generation) {
+        index_.at(*it).age = kEarlier;
+        first.splice(old_first, list, it);
+      }
+      it = next;
     }
-    it = next;
-  }
-  for (auto it = lru_.begin(); it != lru_.end();) {
-    const auto next = std::next(it);
-    if (it->dataset == dataset && it->generation < generation) {
-      lru_.splice(lru_.begin(), lru_, it);
-    }
-    it = next;
   }
 }
 
@@ -974,7 +1001,7 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
       return nullptr;
     }
     // A generation older than the newest of its dataset keeps its place at the front.
-    if (id.generation >= newest_generation_[id.dataset]) place_locked(it->second, true);
+    if (id.generation >= newest_generation_[id.dataset]) touch_locked(it->second);
   }
   const std::filesystem::path path = path_of(id);
   if (options_.before_open_for_tests) options_.before_open_for_tests(path);
@@ -1084,13 +1111,19 @@ void DiskTier::turn_direct_io_off(const char* why) {
   }
 }
 
-bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_epoch) {
+bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer) {
   const FileId id = id_of(key, buffer->size());
   const uint64_t bytes = on_disk_bytes(id.file_size);
   std::lock_guard lock(mutex_);
   if (stopping_ || index_.contains(id) || queued_.contains(id)) return false;
   if (bytes > stats_.capacity_bytes) {
     ++stats_.too_large;
+    return false;
+  }
+  note_generation_locked(id.dataset, id.generation);  // its older generations may go first
+  if (options_.follows_epochs && by_age_[kEarlier].empty() &&
+      stats_.bytes_used + reserved_bytes_ + bytes > stats_.capacity_bytes) {
+    ++stats_.writes_declined;  // full of files to keep: not worth a copy and a queue slot
     return false;
   }
   if (stats_.queued_bytes + buffer->size() > options_.queue_bytes) {
@@ -1110,11 +1143,8 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
     }
     ++stats_.writes_deferred;
     buffer->set_awaiting_disk(true);  // the memory cache keeps it a little longer
-    deferred_.push_back(Deferred{.id = id,
-                                 .dataset = std::string(key.dataset),
-                                 .ingest = key.ingest,
-                                 .buffer = buffer,
-                                 .read_this_epoch = read_this_epoch});
+    deferred_.push_back(Deferred{
+        .id = id, .dataset = std::string(key.dataset), .ingest = key.ingest, .buffer = buffer});
     work_.notify_one();
     return true;
   }
@@ -1123,8 +1153,7 @@ bool DiskTier::put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_e
   queue_.push_back(Write{.id = id,
                          .dataset = std::string(key.dataset),
                          .ingest = key.ingest,
-                         .buffer = std::move(buffer),
-                         .read_this_epoch = read_this_epoch});
+                         .buffer = std::move(buffer)});
   work_.notify_one();
   return true;
 }
@@ -1167,8 +1196,7 @@ std::optional<DiskTier::Write> DiskTier::next_write_locked() {
     return Write{.id = deferred.id,
                  .dataset = std::move(deferred.dataset),
                  .ingest = deferred.ingest,
-                 .buffer = std::move(buffer),
-                 .read_this_epoch = deferred.read_this_epoch};
+                 .buffer = std::move(buffer)};
   }
   return std::nullopt;
 }
@@ -1221,22 +1249,29 @@ void DiskTier::write_one(const Write& write) {
     // Room first, so the bound holds while the file is written too (and while the other
     // writers write theirs: their bytes are reserved).
     std::lock_guard lock(mutex_);
-    note_generation_locked(id.dataset, id.generation);
     // The first file evicted becomes this one (renamed to its temporary name, then rewritten):
     // a full tier writes without creating and deleting an inode per object, which on an ext4
     // without a journal costs a walk past every inode deleted in the last minute.
-    while (stats_.bytes_used + reserved_bytes_ + bytes > stats_.capacity_bytes && !index_.empty()) {
-      const FileId victim = victim_locked();
+    grow_to_room_locked();
+    bool none_may_go = false;
+    while (stats_.bytes_used + reserved_bytes_ + bytes > stats_.capacity_bytes) {
+      const std::optional<FileId> victim = victim_locked();
+      if (!victim) {
+        none_may_go = !index_.empty();
+        break;
+      }
       if (reused_size) {
-        erase_locked(victim);
-      } else if (recycle_locked(victim, temp)) {
-        reused_size = victim.file_size;
+        erase_locked(*victim);
+      } else if (recycle_locked(*victim, temp)) {
+        reused_size = victim->file_size;
         ++stats_.files_reused;
       }
       ++stats_.evictions;
     }
     if (stats_.bytes_used + reserved_bytes_ + bytes > stats_.capacity_bytes) {
-      ++stats_.writes_dropped;  // the rest of the tier is being written by the other writers
+      // What it holds is to be kept (follows_epochs), or the rest of the tier is being written
+      // by the other writers.
+      ++(none_may_go ? stats_.writes_declined : stats_.writes_dropped);
       if (reused_size) ::unlink(temp.c_str());
       return;
     }
@@ -1287,22 +1322,24 @@ void DiskTier::write_one(const Write& write) {
                    path.string(), std::strerror(error));
     }
     // The filesystem is full below the tier's capacity (other files took the room): the tier
-    // keeps to what it holds now, so later writes evict to make room instead of failing.
+    // keeps to what it holds now, so later writes evict to make room instead of failing, until
+    // the filesystem has room again (grow_to_room_locked). Warned once; later ones (several
+    // writers meet the same full disk) are news only in detail.
     if ((error == ENOSPC || error == EDQUOT) && stats_.bytes_used < stats_.capacity_bytes) {
-      spdlog::warn(
-          "disk cache {}: its filesystem is full with {} MiB of the tier's files, below the {} "
-          "MiB it may take; it keeps to {} MiB from now on",
-          options_.dir.string(), stats_.bytes_used >> 20, stats_.capacity_bytes >> 20,
-          stats_.bytes_used >> 20);
+      spdlog::log(told_filesystem_full_ ? spdlog::level::info : spdlog::level::warn,
+                  "disk cache {}: its filesystem is full with {} of the tier's files, below the {} "
+                  "it may take; it keeps to {} until the filesystem has room again",
+                  options_.dir.string(), store::mib_text(stats_.bytes_used),
+                  store::mib_text(stats_.capacity_bytes), store::mib_text(stats_.bytes_used));
+      told_filesystem_full_ = true;
       stats_.capacity_bytes = stats_.bytes_used;
+      room_checked_ = std::chrono::steady_clock::now();
     }
     return;
   }
-  std::list<FileId>& list = write.read_this_epoch ? read_this_epoch_ : lru_;
+  std::list<FileId>& list = by_age_[kThisEpoch];
   list.push_back(id);
-  index_.emplace(id, Entry{.bytes = bytes,
-                           .read_this_epoch = write.read_this_epoch,
-                           .lru = std::prev(list.end())});
+  index_.emplace(id, Entry{.bytes = bytes, .age = kThisEpoch, .place = std::prev(list.end())});
   stats_.bytes_used += bytes;
   stats_.entries = index_.size();
   ++stats_.writes;

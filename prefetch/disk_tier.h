@@ -7,7 +7,9 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -71,6 +73,15 @@ struct DiskTierOptions {
   // disk read. False reads every file directly (tests of the direct path). Without cachestat
   // (Linux < 6.5, or a seccomp filter that refuses it) every read goes direct.
   bool page_cache_first = true;
+  // The prefetch engine calls new_epoch() at each epoch's start (`--prefetch` auto or plan). A
+  // full tier then trades only a file not read in this epoch or the last for a new one, and
+  // declines a write when it has none (below). False (`--prefetch off`: no epochs known): the
+  // least recently used file goes.
+  bool follows_epochs = false;
+  // Kept below the capacity for want of room (at open, or a full filesystem since), a write looks
+  // at most this often whether the filesystem has room again (other files removed), and the tier
+  // grows back towards its capacity.
+  std::chrono::milliseconds room_check_interval{10'000};
   // Tests only: called with an object file's path just before get() opens it, on the reading
   // thread (a test holds a stager there). Null in dsfs.
   std::function<void(const std::filesystem::path&)> before_open_for_tests = nullptr;
@@ -86,8 +97,10 @@ struct DiskTierStats {
   uint64_t bytes_read = 0;  // payload bytes served from disk
   uint64_t writes = 0;      // objects written
   uint64_t bytes_written = 0;
-  uint64_t writes_deferred = 0;    // found the queue full: left to be written if still in memory
-  uint64_t writes_dropped = 0;     // deferred, and gone from memory before a writer was free
+  uint64_t writes_deferred = 0;  // found the queue full: left to be written if still in memory
+  uint64_t writes_dropped = 0;   // deferred, and gone from memory before a writer was free
+  // Not written: the tier was full of files read in this epoch or the last (follows_epochs).
+  uint64_t writes_declined = 0;
   uint64_t write_errors = 0;       // ENOSPC, EIO, a vanished directory...
   uint64_t checksum_failures = 0;  // a file whose header, length or payload did not check out
   // Files of the object's name and generation written for another ingest (DiskTierKey::ingest),
@@ -152,11 +165,16 @@ uint64_t clear_disk_tier(const std::filesystem::path& dir);
 // directory listing alone (names carry the sizes; the order of use is lost). No payload is read
 // either way: the first read of each file checks it. A read is one pread of the whole file, with
 // O_DIRECT unless the page cache holds the file (DiskTierOptions). An flock on DIR/lock keeps a
-// second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is epoch-aware, like the RAM
-// cache's: objects of a generation older than the newest one seen of the same dataset go first,
-// then objects read this epoch (oldest read first), then the others (least recently used first).
-// new_epoch() comes from the prefetch engine, which tells epochs apart; without it (--prefetch off)
-// every object counts as read this epoch, which is plain LRU.
+// second mount out. Bounded: bytes_used <= capacity_bytes. Eviction is epoch-aware: objects of a
+// generation older than the newest one seen of the same dataset go first, then objects not read
+// (nor written) in this epoch or the last, least recently used first. Those read in this epoch or
+// the last are kept, and a write that would need one of them evicted is declined: an epoch reads
+// every file, so a file read in the last epoch is read in this one, and trading it for a new file
+// gains nothing in a shuffled order and loses every hit in a repeated one (each epoch in the same
+// order: least-recently-used eviction evicts each file just before its next read). A tier smaller
+// than the data thus keeps a stable part of it. new_epoch() comes from the prefetch engine, which
+// tells epochs apart (DiskTierOptions::follows_epochs); without it (--prefetch off) the least
+// recently used goes, whenever it was read.
 //
 // Thread safety: get(), put(), flush() and stats() may be called from any thread at once (FUSE
 // workers, the engine). mutex_ guards the index, the queue and the counters (a std::mutex: the
@@ -193,14 +211,12 @@ class DiskTier {
   // Queues the object to be written behind the caller; when the queue is full, defers it (a weak
   // reference: written later only if the object is still in memory then, which is marked
   // ObjectData::awaiting_disk meanwhile). Returns false
-  // (changing nothing) when it is already on disk or queued, or larger than the tier. Never
-  // blocks on disk. `read_this_epoch`: a reader has it now (a demand fetch), so
-  // it is evicted early; false for a prefetch, whose reader is still to come.
-  bool put(const DiskTierKey& key, ObjectBuffer buffer, bool read_this_epoch = true);
+  // (changing nothing) when it is already on disk or queued, larger than the tier, or would need
+  // a file read in this epoch or the last evicted (follows_epochs). Never blocks on disk.
+  bool put(const DiskTierKey& key, ObjectBuffer buffer);
 
-  // The readers began a new epoch: the objects read in the last one are as likely to be read
-  // again as any other. Within an epoch an object read (or staged into RAM) is evicted before one
-  // not read yet, since a shuffled epoch reads each file once.
+  // The readers began a new epoch: the files read in the one before the last may go now (the
+  // class comment).
   void new_epoch();
 
   // Waits until every write queued so far is done (tests, and a clean close).
@@ -227,24 +243,24 @@ class DiskTier {
   struct FileIdHash {
     size_t operator()(const FileId& id) const;
   };
+  // When a file was last read or written, which is the list that holds it.
+  enum Age : uint8_t { kEarlier, kLastEpoch, kThisEpoch, kAges };
   struct Entry {
-    uint64_t bytes = 0;            // on disk, rounded up to 4 KiB
-    bool read_this_epoch = false;  // in read_this_epoch_, not lru_
-    std::list<FileId>::iterator lru;
+    uint64_t bytes = 0;  // on disk, rounded up to 4 KiB
+    Age age = kLastEpoch;
+    std::list<FileId>::iterator place;  // in by_age_[age]
   };
   struct Write {
     FileId id;
     std::string dataset;
     uint64_t ingest = 0;
     ObjectBuffer buffer;
-    bool read_this_epoch = true;
   };
   struct Deferred {
     FileId id;
     std::string dataset;
     uint64_t ingest = 0;
     std::weak_ptr<const ObjectData> buffer;
-    bool read_this_epoch = true;
   };
 
   // An object file the index will hold, in eviction order.
@@ -280,10 +296,18 @@ class DiskTier {
   // Evicts `victim` by renaming its file to `temp` for a write to reuse (true); where that fails
   // the file is removed (false). mutex_ held.
   bool recycle_locked(FileId victim, const std::filesystem::path& temp);
-  // The next object to evict (index_ not empty); mutex_ held.
-  FileId victim_locked();
-  // Moves an entry to the end of lru_ or read_this_epoch_; mutex_ held.
-  void place_locked(Entry& entry, bool read_this_epoch);
+  // The next object to evict; nullopt when none may go (follows_epochs). mutex_ held.
+  std::optional<FileId> victim_locked() const;
+  // The bytes the tier could take on its filesystem now (its files, those being written and the
+  // room left); nullopt where the filesystem does not say. mutex_ held.
+  std::optional<uint64_t> room_locked() const;
+  // Below the capacity asked for for want of room: raises the bound to what the filesystem has
+  // room for now (at most every room_check_interval). mutex_ held.
+  void grow_to_room_locked();
+  std::chrono::steady_clock::time_point room_checked_{};  // mutex_
+  bool told_filesystem_full_ = false;                     // mutex_
+  // Makes `entry` the most recently used of this epoch; mutex_ held.
+  void touch_locked(Entry& entry);
   // Whether the file read through `fd` is no longer the one under its name: it was evicted and
   // taken over by a write (then what was read can be another object's bytes), and the name may
   // hold a new copy since. Then a failed check says nothing of the disk.
@@ -316,8 +340,8 @@ class DiskTier {
   std::condition_variable work_;  // writers wait for queued writes or stop
   std::condition_variable idle_;  // flush() waits for the queue to drain
   std::unordered_map<FileId, Entry, FileIdHash> index_;
-  std::list<FileId> lru_;              // not read this epoch; front: least recently used
-  std::list<FileId> read_this_epoch_;  // front: read first
+  // By Age; front: least recently used (an older generation's files first in kEarlier).
+  std::array<std::list<FileId>, kAges> by_age_;
   std::unordered_map<uint64_t, uint64_t> newest_generation_;  // by dataset hash
   std::deque<Write> queue_;
   std::deque<Deferred> deferred_;  // front: oldest

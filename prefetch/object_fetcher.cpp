@@ -60,8 +60,7 @@ DiskTierKey disk_key(const DatasetSnapshot& dataset, uint32_t entry, uint32_t ch
 void ObjectFetcher::offer_to_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk,
                                   ObjectBuffer buffer) {
   if (options_.disk_tier != nullptr) {
-    options_.disk_tier->put(disk_key(dataset, entry, chunk), std::move(buffer),
-                            /*read_this_epoch=*/false);
+    options_.disk_tier->put(disk_key(dataset, entry, chunk), std::move(buffer));
   }
 }
 

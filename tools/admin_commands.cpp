@@ -5,7 +5,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <ctime>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -49,15 +48,6 @@ std::string format_bytes(uint64_t bytes) {
     ++unit;
   }
   return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, kUnits[unit]);
-}
-
-std::string format_time(int64_t unix_seconds) {
-  const std::time_t time = static_cast<std::time_t>(unix_seconds);
-  std::tm utc{};
-  if (!gmtime_r(&time, &utc)) return std::to_string(unix_seconds);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S UTC", &utc);
-  return text;
 }
 
 void list_command(const cli::GlobalOptions& global, bool as_json) {
@@ -167,7 +157,7 @@ void info_command(const cli::GlobalOptions& global, const std::string& name, boo
   fmt::print("generation:          {}\n", info.generation);
   fmt::print("previous generation: {}\n",
              info.previous_generation ? std::to_string(info.previous_generation) : "none");
-  fmt::print("created:             {}\n", format_time(info.created_unix));
+  fmt::print("created:             {}\n", store::utc_time_text(info.created_unix));
   // The path as given at ingest: any bytes, shown escaped (a terminal control sequence in a
   // directory name would otherwise reach the terminal).
   fmt::print("source:              {}\n", store::log_text(info.source, 4096));

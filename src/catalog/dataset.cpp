@@ -1,6 +1,5 @@
 #include "src/catalog/dataset.h"
 
-#include <fmt/chrono.h>
 #include <fmt/core.h>
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
@@ -13,7 +12,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <ctime>
 #include <map>
 #include <optional>
 #include <random>
@@ -61,12 +59,8 @@ constexpr std::string_view kRemovingField = "removing";
 std::string format_unix_time(std::string_view seconds) {
   int64_t value = 0;
   const auto [end, error] = std::from_chars(seconds.data(), seconds.data() + seconds.size(), value);
-  std::tm utc{};
-  const auto time = static_cast<std::time_t>(value);
-  if (error != std::errc() || end != seconds.data() + seconds.size() || !gmtime_r(&time, &utc)) {
-    return "an unknown time";
-  }
-  return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", utc);
+  if (error != std::errc() || end != seconds.data() + seconds.size()) return "an unknown time";
+  return store::utc_time_text(value);
 }
 
 [[noreturn]] void throw_corrupt_info(std::string_view name, std::string_view problem) {

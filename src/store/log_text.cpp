@@ -1,6 +1,9 @@
 #include "src/store/log_text.h"
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
+
+#include <ctime>
 
 namespace dsfs::store {
 
@@ -76,6 +79,17 @@ std::string log_text(std::string_view user_bytes, std::size_t max_bytes) {
     out += fmt::format("...(+{} bytes)", user_bytes.size() - shown.size());
   }
   return out;
+}
+
+std::string mib_text(uint64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+std::string utc_time_text(int64_t unix_seconds) {
+  const auto time = static_cast<std::time_t>(unix_seconds);
+  std::tm utc{};
+  if (!gmtime_r(&time, &utc)) return std::to_string(unix_seconds);
+  return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", utc);
 }
 
 }  // namespace dsfs::store

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,5 +21,12 @@ std::string log_text(std::string_view user_bytes, std::size_t max_bytes = kLogEx
 // does not start with one: ASCII, a stray or truncated byte, an overlong form, a surrogate or a
 // code point above U+10FFFF. Pure function.
 std::size_t utf8_sequence_length(std::string_view text);
+
+// A unix time in seconds as "YYYY-MM-DD HH:MM:SS UTC" for a message; the number itself when
+// the calendar cannot hold it. Pure function.
+std::string utc_time_text(int64_t unix_seconds);
+
+// A byte count in MiB with one decimal ("12.5 MiB"), for a message. Pure function.
+std::string mib_text(uint64_t bytes);
 
 }  // namespace dsfs::store

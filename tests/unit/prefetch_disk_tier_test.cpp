@@ -16,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <numeric>
+#include <random>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +29,8 @@
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -482,47 +486,88 @@ TEST_F(DiskTierTest, ManyWritersAtOnceStayWithinTheBound) {
   EXPECT_GT(tier->stats().writes, 0u);
 }
 
-TEST_F(DiskTierTest, AmongObjectsReadThisEpochTheOneReadFirstGoesFirst) {
+// --prefetch off: no epochs are told apart, and the least recently used goes.
+TEST_F(DiskTierTest, WithoutEpochsTheLeastRecentlyUsedGoesFirst) {
   auto tier = open(4 * 4096);
-  fill(*tier, 1, 4, 4000);                      // demand fetches: read this epoch
+  fill(*tier, 1, 4, 4000);
   EXPECT_NE(tier->get(key(1), 4000), nullptr);  // 1 is now the one read last
   fill(*tier, 5, 1, 4000);
   EXPECT_NE(tier->get(key(1), 4000), nullptr);
   EXPECT_EQ(tier->get(key(2), 4000), nullptr);
 }
 
-// A shuffled epoch reads each file once: within an epoch, what was read (or staged into RAM) goes
-// before what is still to be read, however recently it was used; a new epoch puts them level.
-TEST_F(DiskTierTest, WithinAnEpochObjectsReadGoBeforeObjectsStillToBeRead) {
-  auto tier = open(4 * 4096);
-  for (uint64_t i = 1; i <= 4; ++i) {  // prefetched: their readers are still to come
-    ASSERT_TRUE(tier->put(key(i), object(4000, static_cast<unsigned>(i)),
-                          /*read_this_epoch=*/false));
-    tier->flush();
+// One epoch of `order` as the engine meets it: each object read from the tier, or else fetched
+// and written to it. Returns the tier's hits.
+uint64_t read_epoch(DiskTier& tier, const std::vector<uint64_t>& order) {
+  const uint64_t hits_before = tier.stats().hits;
+  for (const uint64_t i : order) {
+    if (tier.get(key(i), 4000) == nullptr) {
+      tier.put(key(i), object(4000, static_cast<unsigned>(i)));
+      tier.flush();
+    }
   }
-  EXPECT_NE(tier->get(key(3), 4000), nullptr);
-  EXPECT_NE(tier->get(key(4), 4000), nullptr);
-  fill(*tier, 5, 2, 4000);  // two demand fetches need room
-  // Least recently used would have been 1 and 2; in an epoch it is 3 and 4, already read.
+  tier.new_epoch();
+  return tier.stats().hits - hits_before;
+}
+
+// A tier smaller than the data, read in the same order every epoch: least-recently-used eviction
+// evicts each file just before its next read (no hits at all); keeping the files read in the last
+// epoch serves the tier's share of every epoch from disk.
+TEST_F(DiskTierTest, EpochsInOneOrderFindTheTiersShareOnDisk) {
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+      .dir = dir_.path() / "tier", .capacity_bytes = 4 * 4096, .follows_epochs = true});
+  tier->start();
+  std::vector<uint64_t> order(10);
+  std::iota(order.begin(), order.end(), 1);
+  EXPECT_EQ(read_epoch(*tier, order), 0u);
+  for (int epoch = 1; epoch <= 3; ++epoch) EXPECT_EQ(read_epoch(*tier, order), 4u) << epoch;
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.writes, 4u);  // the first epoch's first four, kept since
+  EXPECT_EQ(stats.evictions, 0u);
+  EXPECT_EQ(stats.writes_declined, 6u + 3 * 6u);
+  EXPECT_LE(stats.bytes_used, 4u * 4096);
+}
+
+TEST_F(DiskTierTest, ShuffledEpochsFindTheTiersShareOnDisk) {
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+      .dir = dir_.path() / "tier", .capacity_bytes = 4 * 4096, .follows_epochs = true});
+  tier->start();
+  std::vector<uint64_t> order(10);
+  std::iota(order.begin(), order.end(), 1);
+  std::mt19937 random(7);
+  std::shuffle(order.begin(), order.end(), random);
+  read_epoch(*tier, order);
+  for (int epoch = 1; epoch <= 3; ++epoch) {
+    std::shuffle(order.begin(), order.end(), random);
+    EXPECT_EQ(read_epoch(*tier, order), 4u) << epoch;
+  }
+}
+
+// A file neither read nor written for a whole epoch (another dataset's, a guess never read) makes
+// room for new ones; files of this epoch and the last are kept, and a write that needs one of
+// them gone is declined.
+TEST_F(DiskTierTest, FilesNotReadForAWholeEpochMakeRoom) {
+  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+      .dir = dir_.path() / "tier", .capacity_bytes = 4 * 4096, .follows_epochs = true});
+  tier->start();
+  fill(*tier, 1, 4, 4000);
+  EXPECT_FALSE(tier->put(key(5), object(4000, 5)));  // all four written this epoch
+  tier->new_epoch();
+  EXPECT_NE(tier->get(key(1), 4000), nullptr);
+  EXPECT_NE(tier->get(key(2), 4000), nullptr);
+  EXPECT_FALSE(tier->put(key(5), object(4000, 5)));  // 3 and 4 are of the last epoch
+  tier->new_epoch();                                 // 3 and 4 were not read in it
+  fill(*tier, 5, 2, 4000);
   EXPECT_EQ(tier->get(key(3), 4000), nullptr);
   EXPECT_EQ(tier->get(key(4), 4000), nullptr);
-  EXPECT_NE(tier->get(key(1), 4000), nullptr);
-  EXPECT_NE(tier->get(key(2), 4000), nullptr);
+  EXPECT_FALSE(tier->put(key(7), object(4000, 7)));
+  for (uint64_t i : {1, 2, 5, 6}) EXPECT_NE(tier->get(key(i), 4000), nullptr) << i;
   EXPECT_EQ(tier->stats().evictions, 2u);
-  // Read this epoch, in this order: 5, 6, 1, 2. A new epoch makes them all still to be read, in
-  // the order they were used; 6 read again is the first read of the new epoch, so it goes first.
-  tier->new_epoch();
-  EXPECT_NE(tier->get(key(6), 4000), nullptr);
-  const auto prefetch = [&](uint64_t i) {
-    ASSERT_TRUE(tier->put(key(i), object(4000, static_cast<unsigned>(i)), false));
-    tier->flush();
-  };
-  prefetch(7);
-  EXPECT_EQ(tier->get(key(6), 4000), nullptr);
-  prefetch(8);  // none read this epoch now: the least recently used goes, 5
-  EXPECT_EQ(tier->get(key(5), 4000), nullptr);
-  EXPECT_NE(tier->get(key(1), 4000), nullptr);
-  EXPECT_NE(tier->get(key(2), 4000), nullptr);
+  EXPECT_EQ(tier->stats().writes_declined, 3u);
+  // An older generation goes first, whenever it was read.
+  fill(*tier, 1, 1, 4000, /*generation=*/2);
+  EXPECT_EQ(tier->get(key(1, 1), 4000), nullptr);
+  EXPECT_NE(tier->get(key(1, 2), 4000), nullptr);
 }
 
 TEST_F(DiskTierTest, OlderGenerationsGoFirst) {
@@ -945,22 +990,24 @@ TEST_F(DiskTierTest, WithDirectReadsOffEveryReadGoesThroughThePageCache) {
   EXPECT_EQ(tier->stats().direct_reads, 0u);
 }
 
-// A ramfs mounted over a directory for the length of a test; unmounted (lazily) after.
-class RamfsMount {
+// A filesystem (ramfs, tmpfs) mounted over a directory for the length of a test; unmounted
+// (lazily) after.
+class ScratchMount {
  public:
-  explicit RamfsMount(const std::filesystem::path& dir) : dir_(dir) {
+  ScratchMount(const std::filesystem::path& dir, const char* type, const char* options = nullptr)
+      : dir_(dir) {
     std::filesystem::create_directories(dir_);
-    if (::mount("dsfs-test", dir_.c_str(), "ramfs", 0, nullptr) == 0) {
+    if (::mount("dsfs-test", dir_.c_str(), type, 0, options) == 0) {
       mounted_ = true;
     } else {
       error_ = std::strerror(errno);
     }
   }
-  ~RamfsMount() {
+  ~ScratchMount() {
     if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
   }
-  RamfsMount(const RamfsMount&) = delete;
-  RamfsMount& operator=(const RamfsMount&) = delete;
+  ScratchMount(const ScratchMount&) = delete;
+  ScratchMount& operator=(const ScratchMount&) = delete;
   bool mounted() const { return mounted_; }
   const std::string& error() const { return error_; }
 
@@ -970,9 +1017,38 @@ class RamfsMount {
   std::string error_;
 };
 
+// A filesystem that filled up (other files took the room) holds the tier to what it had; once
+// room comes back the tier grows to its capacity again (before, only a remount did).
+TEST_F(DiskTierTest, ATierHeldBackByAFullFilesystemGrowsWhenRoomComesBack) {
+  const std::filesystem::path small = dir_.path() / "small";
+  const ScratchMount tmpfs(small, "tmpfs", "size=256k");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << tmpfs.error();
+  constexpr uint64_t kCapacity = 200 * 1024;
+  DiskTier tier(DiskTierOptions{.dir = small / "tier",
+                                .capacity_bytes = kCapacity,
+                                .room_check_interval = std::chrono::milliseconds(0)});
+  tier.start();
+  ASSERT_EQ(tier.stats().capacity_bytes, kCapacity);
+  const std::string filler(160 * 1024, 'x');
+  test::write_file(small / "filler", filler);
+  fill(tier, 1, 40, 4000);  // one block each: about 24 fit beside the filler
+  const DiskTierStats full = tier.stats();
+  EXPECT_GT(full.write_errors, 0u);
+  EXPECT_LT(full.capacity_bytes, 120 * 1024u);
+  EXPECT_LE(full.bytes_used, full.capacity_bytes);
+  std::filesystem::remove(small / "filler");
+  fill(tier, 41, 40, 4000);
+  const DiskTierStats again = tier.stats();
+  EXPECT_EQ(again.capacity_bytes, kCapacity);
+  EXPECT_GT(again.bytes_used, full.capacity_bytes);
+  EXPECT_LE(again.bytes_used, kCapacity);
+  EXPECT_EQ(again.write_errors, full.write_errors);
+  EXPECT_EQ(bytes_of(tier.get(key(80), 4000)), test::pattern_bytes(4000, 80));
+}
+
 TEST_F(DiskTierTest, AFilesystemWithoutODirectIsReadThroughThePageCache) {
   // ramfs has no O_DIRECT on any kernel (tmpfs has had it since Linux 6.6).
-  const RamfsMount ramfs(dir_.path() / "ramfs");
+  const ScratchMount ramfs(dir_.path() / "ramfs", "ramfs");
   if (!ramfs.mounted()) GTEST_SKIP() << "cannot mount a ramfs here (needs root): " << ramfs.error();
   const int probe =
       ::open((dir_.path() / "ramfs" / "p").c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 namespace dsfs::store {
@@ -36,6 +37,19 @@ TEST(LogText, LongInputIsCutAndTheCutIsCounted) {
 
 TEST(LogText, ACutInsideAUtf8SequenceEscapesTheRemnant) {
   EXPECT_EQ(log_text("ab\xc3\xa9", 3), "ab\\xc3...(+1 bytes)");
+}
+
+TEST(UtcTimeText, IsTheCalendarTimeInUtcOrTheNumberPastTheCalendar) {
+  EXPECT_EQ(utc_time_text(0), "1970-01-01 00:00:00 UTC");
+  EXPECT_EQ(utc_time_text(1796316975), "2026-12-03 16:56:15 UTC");
+  EXPECT_EQ(utc_time_text(INT64_MAX), "9223372036854775807");
+}
+
+TEST(MibText, OneDecimal) {
+  EXPECT_EQ(mib_text(0), "0.0 MiB");
+  EXPECT_EQ(mib_text(5 << 20), "5.0 MiB");
+  EXPECT_EQ(mib_text((5 << 20) - 4096), "5.0 MiB");
+  EXPECT_EQ(mib_text(1843200), "1.8 MiB");
 }
 
 }  // namespace
