@@ -100,7 +100,8 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
       ->check(CLI::Range(0, 100))
       ->capture_default_str();
   sub->add_option("--max-in-flight", state->options.max_bytes_in_flight,
-                  "Bound on file bytes read but not yet stored")
+                  "Bound on file bytes read but not yet stored (a chunk is counted before it is "
+                  "read; one chunk larger than the bound goes alone)")
       ->transform(CLI::AsSizeValue(false))
       ->default_str("256MiB");
   sub->add_option("--progress", state->progress,

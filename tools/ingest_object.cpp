@@ -35,9 +35,12 @@ ObjectStream::ObjectStream(SourceSink& sink, uint64_t object_id, uint64_t chunk_
   restart();
 }
 
-ObjectStream::~ObjectStream() = default;
+ObjectStream::~ObjectStream() {
+  if (reserved_ > 0) sink_.unreserve(reserved_);
+}
 
 void ObjectStream::restart() {
+  if (reserved_ > 0) sink_.unreserve(std::exchange(reserved_, 0));
   buffer_.clear();
   // Reserving the expected size up front avoids regrowing the buffer for every small file.
   buffer_.reserve(std::min(chunk_size_, size_hint_));
@@ -52,21 +55,39 @@ void ObjectStream::append(std::string_view data) {
   while (!data.empty()) {
     // A full buffer is only known to be a chunk (not the whole object) once more data arrives.
     if (buffer_.size() == chunk_size_) {
+      reserved_ -= buffer_.size();
       sink_.put_piece(PieceKey{object_id_, true, chunks_put_}, std::exchange(buffer_, {}), false);
       ++chunks_put_;
       const uint64_t consumed = chunks_put_ * chunk_size_;
       buffer_.reserve(size_hint_ > consumed ? std::min(chunk_size_, size_hint_ - consumed) : 0);
     }
     const size_t take = std::min<size_t>(chunk_size_ - buffer_.size(), data.size());
+    reserve_for(take);
     buffer_.append(data.substr(0, take));
     data.remove_prefix(take);
   }
+}
+
+void ObjectStream::reserve_for(uint64_t more) {
+  const uint64_t needed = buffer_.size() + more;
+  if (needed <= reserved_) return;
+  const bool holding = reserved_ > 0;
+  // A new piece of known size: all of it at once (never waiting again while holding part).
+  const uint64_t consumed = chunks_put_ * chunk_size_;
+  const uint64_t expected =
+      size_hint_ > consumed ? std::min(chunk_size_, size_hint_ - consumed) : uint64_t{0};
+  const uint64_t target = std::max(needed, holding ? uint64_t{0} : expected);
+  sink_.reserve(target - reserved_, holding);
+  reserved_ = target;
 }
 
 FileDigest ObjectStream::finish() {
   FileDigest digest;
   digest.size = size_;
   digest.checksum = hash_ ? XXH64_digest(hash_->state.get()) : 0;
+  // Whatever the piece will not carry (a file shorter than its size said) goes back first.
+  if (reserved_ > buffer_.size()) sink_.unreserve(reserved_ - buffer_.size());
+  reserved_ = 0;
   if (chunks_put_ == 0) {
     sink_.put_piece(PieceKey{object_id_, false, 0}, std::move(buffer_), true);
   } else {

@@ -31,8 +31,18 @@ class StopRequested : public std::runtime_error {
 class SourceSink {
  public:
   virtual ~SourceSink() = default;
-  // Takes one piece; `completes_object` marks an object's last piece (its file is then done
-  // once stored). May block while too many bytes are in flight. Throws StopRequested.
+  // Counts `bytes` a source is about to read into memory against the sink's bound on bytes in
+  // flight (read and not yet stored), waiting while they do not fit. `holding`: the caller
+  // holds a reservation already (a piece being filled); it then waits only while stored bytes
+  // are still to be acknowledged, so that sources holding part of a piece each never wait on
+  // one another. Throws StopRequested. The default sink bounds nothing.
+  virtual void reserve(uint64_t /*bytes*/, bool /*holding*/) {}
+  // Gives back reserved bytes that no piece will carry (a stream abandoned or started over, a
+  // file shorter than it said).
+  virtual void unreserve(uint64_t /*bytes*/) {}
+  // Takes one piece, whose bytes were reserved (reserve()) before they were read: never waits
+  // for room. `completes_object` marks an object's last piece (its file is then done once
+  // stored). Throws StopRequested.
   virtual void put_piece(const PieceKey& key, std::string bytes, bool completes_object) = 0;
   virtual bool stop_requested() const = 0;
   void check_stop() const {
@@ -52,7 +62,9 @@ struct FileDigest {
 
 // Streams one file into pieces of at most chunk_size bytes. A file of at most chunk_size bytes
 // (including an empty one) becomes one plain object; a larger one becomes chunks 0..n-1, as
-// Catalog::chunk_count expects. Holds at most one chunk in memory. Used by one thread.
+// Catalog::chunk_count expects. Holds at most one chunk in memory, reserved from the sink before
+// it is read: a whole chunk at once where the size is known (size_hint), so that a bound on bytes
+// in flight holds for chunks larger than it too; as the bytes come otherwise. Used by one thread.
 class ObjectStream {
  public:
   ObjectStream(SourceSink& sink, uint64_t object_id, uint64_t chunk_size,
@@ -75,7 +87,10 @@ class ObjectStream {
   uint64_t size_hint_;
   catalog::ChecksumKind checksum_kind_;
   std::unique_ptr<HashState> hash_;
+  // Reserves room in the sink for `more` bytes about to join buffer_.
+  void reserve_for(uint64_t more);
   std::string buffer_;
+  uint64_t reserved_ = 0;  // bytes reserved in the sink and not yet put (>= buffer_.size())
   uint64_t chunks_put_ = 0;
   uint64_t size_ = 0;
 };

@@ -66,18 +66,34 @@ bool RedisPieceWriter::stop_requested() const {
   return stopping_ || (external_stop_ && external_stop_->load());
 }
 
+void RedisPieceWriter::reserve(uint64_t bytes, bool holding) {
+  std::unique_lock lock(mutex_);
+  // One piece larger than the whole budget still goes through, alone. A source holding part of
+  // a piece waits only for stored bytes to be acknowledged: were every byte in flight held by
+  // sources each waiting for more, none would ever be released.
+  while (!stop_requested() && bytes_in_flight_ > 0 &&
+         bytes_in_flight_ + bytes > options_.max_bytes_in_flight && (!holding || bytes_put_ > 0)) {
+    space_ready_.wait_for(lock, kStopPollInterval);
+  }
+  if (stop_requested()) throw StopRequested();
+  bytes_in_flight_ += bytes;
+}
+
+void RedisPieceWriter::unreserve(uint64_t bytes) {
+  {
+    std::lock_guard lock(mutex_);
+    bytes_in_flight_ -= std::min(bytes, bytes_in_flight_ - bytes_put_);
+  }
+  space_ready_.notify_all();
+}
+
 void RedisPieceWriter::put_piece(const PieceKey& key, std::string bytes, bool completes_object) {
   const uint64_t size = bytes.size();
   std::string redis_key =
       keys_.object_piece(dataset_, generation_, key.object_id, key.chunk_index, key.chunked);
   std::unique_lock lock(mutex_);
-  // One piece larger than the whole budget still goes through, alone.
-  while (!stop_requested() && bytes_in_flight_ > 0 &&
-         bytes_in_flight_ + size > options_.max_bytes_in_flight) {
-    space_ready_.wait_for(lock, kStopPollInterval);
-  }
   if (stop_requested()) throw StopRequested();
-  bytes_in_flight_ += size;
+  bytes_put_ += size;  // reserved before it was read
   queue_.push_back(Piece{std::move(redis_key), std::move(bytes), completes_object});
   lock.unlock();
   queue_ready_.notify_one();
@@ -101,6 +117,7 @@ void RedisPieceWriter::release(uint64_t bytes) {
   {
     std::lock_guard lock(mutex_);
     bytes_in_flight_ -= bytes;
+    bytes_put_ -= bytes;
   }
   space_ready_.notify_all();
 }
@@ -216,6 +233,7 @@ void RedisPieceWriter::abort() {
   std::lock_guard lock(mutex_);
   queue_.clear();
   bytes_in_flight_ = 0;
+  bytes_put_ = 0;
 }
 
 std::exception_ptr RedisPieceWriter::error() const {

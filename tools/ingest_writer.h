@@ -48,6 +48,8 @@ class RedisPieceWriter final : public SourceSink {
   RedisPieceWriter(const RedisPieceWriter&) = delete;
   RedisPieceWriter& operator=(const RedisPieceWriter&) = delete;
 
+  void reserve(uint64_t bytes, bool holding) override;
+  void unreserve(uint64_t bytes) override;
   void put_piece(const PieceKey& key, std::string bytes, bool completes_object) override;
   bool stop_requested() const override;
   void expect_totals(uint64_t files, uint64_t bytes) override;
@@ -85,7 +87,11 @@ class RedisPieceWriter final : public SourceSink {
   std::condition_variable queue_ready_;  // a piece was queued, or closing/stopping
   std::condition_variable space_ready_;  // bytes were released, or stopping
   std::deque<Piece> queue_;
+  // Reserved by sources (being read) plus put and not yet acknowledged; bounded by
+  // max_bytes_in_flight, except that a reservation finding nothing in flight (one piece larger
+  // than the bound), or a holder's finding nothing put (below), goes through.
   uint64_t bytes_in_flight_ = 0;
+  uint64_t bytes_put_ = 0;  // of which put (queued or sent) and not yet acknowledged
   bool closing_ = false;
   std::atomic<bool> stopping_{false};
   std::exception_ptr error_;

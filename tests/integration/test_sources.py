@@ -94,6 +94,65 @@ class SourcesTest(DsfsTestCase):
         with open(os.path.join(mnt, ".meta", "plain", "classes.txt")) as f:
             self.assertEqual(f.read(), "")
 
+    def peak_rss_of(self, *args):
+        """Runs `dsfs ARGS --redis URL` as the only child of a fresh Python and returns its peak
+        resident set in bytes (ru_maxrss of that process's children)."""
+        probe = ("import resource, subprocess, sys\n"
+                 "subprocess.run(sys.argv[1:], check=True)\n"
+                 "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+        res = run(["/usr/bin/python3", "-c", probe, DSFS, *map(str, args), "--redis",
+                   self.redis.url], env=self.env, timeout=120)
+        return int(res.stdout.split()[-1]) * 1024
+
+    def test_max_in_flight_bounds_memory_with_chunks_larger_than_it(self):
+        """Four jobs each read a 32 MiB chunk into memory before it counted against a bound of
+        8 MiB (a peak of about 250 MB here); a chunk is counted before it is read now, so one
+        such chunk is in memory at a time (about 120 MB: it, its SET on the wire, the process)."""
+        big = os.path.join(self.tmp, "big")
+        os.makedirs(big)
+        sources = {}
+        for i in range(4):
+            data = os.urandom(48 << 20)
+            with open(os.path.join(big, f"f{i}.bin"), "wb") as f:
+                f.write(data)
+            sources[f"f{i}.bin"] = data
+        peak = self.peak_rss_of("ingest", big, "--dataset", "big", "--chunk-size", "32MiB",
+                                "-j", "4", "--max-in-flight", "8MiB", "--progress", "none")
+        self.assertLess(peak, 5 * (32 << 20), f"peak RSS {peak >> 20} MiB")
+        mnt = self.mount()
+        for name, data in sources.items():
+            with open(os.path.join(mnt, "big", name), "rb") as f:
+                self.assertTrue(f.read() == data, f"{name} differs from the source")
+
+    def test_a_url_source_of_unknown_sizes_with_chunks_past_the_bound_completes(self):
+        """Sizes unknown (no size hint from a URL list), each download's bytes are counted as
+        they come; jobs that each hold part of a chunk larger than the bound never wait on one
+        another (a hang guard), and every byte arrives."""
+        web = os.path.join(self.tmp, "web")
+        os.makedirs(web)
+        sources = {}
+        for i in range(3):
+            data = os.urandom(20 << 20)
+            with open(os.path.join(web, f"u{i}.bin"), "wb") as f:
+                f.write(data)
+            sources[f"u{i}.bin"] = data
+        with http_server(web) as base:
+            urls = os.path.join(self.tmp, "urls.txt")
+            with open(urls, "w") as f:
+                f.write("".join(f"{base}/{name}\n" for name in sources))
+            self.dsfs("ingest", urls, "--dataset", "web", "--chunk-size", "8MiB", "-j", "3",
+                      "--max-in-flight", "4MiB", "--progress", "none", timeout=120)
+        mnt = self.mount()
+        names = os.listdir(os.path.join(mnt, "web"))
+        self.assertEqual(len(names), 3)
+        got = {}
+        for root, _, files in os.walk(os.path.join(mnt, "web")):
+            for name in files:
+                with open(os.path.join(root, name), "rb") as f:
+                    got[name] = f.read()
+        self.assertEqual(sorted(len(v) for v in got.values()), [20 << 20] * 3)
+        self.assertEqual(sorted(got.values()), sorted(sources.values()))
+
 
 if __name__ == "__main__":
     unittest.main()
