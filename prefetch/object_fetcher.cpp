@@ -118,26 +118,9 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
   keys.reserve(chunks.size());
   for (const uint32_t chunk : chunks) keys.push_back(chunk_key(dataset, entry, chunk));
 
+  // A node that failed a whole timeout is tried once until it answers again, while the others
+  // are waited for as usual: the client keeps that state per node (Client::get_values).
   std::vector<store::ValueReply> replies;
-  // The shards (their primaries' node indexes) this file's chunks live on: one for a single
-  // server. A shard that failed a whole timeout is tried once until it answers again, while the
-  // others are waited for as usual (on a cluster, other shards answering kept a per-mount flag
-  // cleared: a shard with every copy down cost the whole timeout per file).
-  std::vector<size_t> shards;
-  shards.reserve(keys.size());
-  for (const std::string& key : keys) {
-    // Before the topology is known (a first fetch) the shard is unknown: counted as the first
-    // node, the only one of a single server.
-    const size_t primary = client_.route_read_known(key).primary;
-    shards.push_back(primary == store::Client::kNoNode ? 0 : primary);
-  }
-  std::sort(shards.begin(), shards.end());
-  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
-  bool was_down = false;
-  if (down_shard_count_.load(std::memory_order_relaxed) != 0) {
-    MutexLock lock(failed_mutex_);
-    for (const size_t shard : shards) was_down = was_down || down_shards_.contains(shard);
-  }
   const uint64_t file = uint64_t{dataset.index} << 32 | entry;
   bool failed_lately = false;
   bool failed_just_now = false;
@@ -163,12 +146,11 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
         dataset.name(), store::log_text(dataset.catalog->path(entry)), client_.describe(),
         reissue_window.count()));
   }
-  const bool try_once = was_down || failed_lately;
   uint64_t retries = 0;
   try {
-    replies =
-        client_.get_values(keys, options_.pipeline_window,
-                           try_once ? std::chrono::milliseconds{0} : options_.timeout, &retries);
+    replies = client_.get_values(keys, options_.pipeline_window,
+                                 failed_lately ? std::chrono::milliseconds{0} : options_.timeout,
+                                 &retries);
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.round_trips.fetch_add(1, std::memory_order_relaxed);
     stats_.gets.fetch_add(keys.size(), std::memory_order_relaxed);
@@ -183,7 +165,6 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
   } catch (const store::ConnectionError& e) {
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.unavailable.fetch_add(1, std::memory_order_relaxed);
-    bool newly_down = false;
     {
       MutexLock lock(failed_mutex_);
       // Bounded: past this many files failing at once, forget the expired ones.
@@ -193,35 +174,16 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
         });
       }
       recently_failed_[file] = std::chrono::steady_clock::now();
-      for (const size_t shard : shards)
-        newly_down = down_shards_.insert(shard).second || newly_down;
-      down_shard_count_.store(down_shards_.size(), std::memory_order_relaxed);
     }
-    if (newly_down) {
-      spdlog::error(
-          "read of {}/{} failed: Redis unreachable for {} ms ({}); reads from there fail at once "
-          "until it answers again",
-          dataset.name(), store::log_text(dataset.catalog->path(entry)), options_.timeout.count(),
-          e.what());
-    } else {
-      spdlog::debug("read of {}/{} failed: Redis still unreachable: {}", dataset.name(),
-                    store::log_text(dataset.catalog->path(entry)), e.what());
-    }
+    // The node's state is logged by the client, once; each file at most a few times a window.
+    log_limited(unavailable_log_,
+                fmt::format("read of {}/{} failed: {}", dataset.name(),
+                            store::log_text(dataset.catalog->path(entry)), e.what()));
     throw;
   }
-  if (down_shard_count_.load(std::memory_order_relaxed) != 0 || failed_lately) {
-    bool back = false;
-    {
-      MutexLock lock(failed_mutex_);
-      for (const size_t shard : shards) back = down_shards_.erase(shard) > 0 || back;
-      down_shard_count_.store(down_shards_.size(), std::memory_order_relaxed);
-      recently_failed_.erase(file);
-    }
-    if (back) {
-      spdlog::info("Redis at {} answers again", client_.is_cluster()
-                                                    ? client_.primary_address(keys.front())
-                                                    : client_.describe());
-    }
+  if (failed_lately) {
+    MutexLock lock(failed_mutex_);
+    recently_failed_.erase(file);
   }
 
   std::vector<ObjectBuffer> buffers;

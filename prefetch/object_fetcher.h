@@ -65,7 +65,7 @@ struct FetcherStats {
 
 // Thread safety: internally synchronized; fetch_chunks and the verify functions are called
 // concurrently by FUSE workers and the engine. Connections come from the (synchronized) client;
-// stats_ and down_shard_count_ are atomics; failed_mutex_ guards recently_failed_ and down_shards_.
+// stats_ holds atomics; failed_mutex_ guards recently_failed_.
 // options_ and keys_ are immutable after construction.
 class ObjectFetcher {
  public:
@@ -110,8 +110,8 @@ class ObjectFetcher {
   bool on_disk(const DatasetSnapshot& dataset, uint32_t entry, uint32_t chunk) const;
 
   const FetcherStats& stats() const { return stats_; }
-  // Whether some shard has failed a whole timeout and not answered since.
-  bool redis_down() const { return down_shard_count_.load(std::memory_order_relaxed) != 0; }
+  // Whether some node has failed a whole timeout and not answered since.
+  bool redis_down() const { return client_.some_node_unanswered(); }
   const FetcherOptions& options() const { return options_; }
   store::Client& client() const { return client_; }
 
@@ -128,18 +128,12 @@ class ObjectFetcher {
   catalog::KeySchema keys_;
   FetcherOptions options_;
   FetcherStats stats_;
-  // Shards (primary node indexes, Client::kNoNode while no node serves a slot; one for a single
-  // server) where a fetch has waited the whole timeout, each cleared by the next success there.
-  // Meanwhile fetches from them try once instead of waiting again: the kernel re-issues a
-  // failed read, and a loader walking many files would otherwise block a full timeout on every
-  // one. down_shard_count_ (down_shards_.size()) spares the lock while none is down.
-  std::atomic<size_t> down_shard_count_{0};
-  std::unordered_set<size_t> down_shards_ DSFS_GUARDED_BY(failed_mutex_);
   // Errors every read may meet (a dataset removed under the mount, a password changed) are
   // logged at most a few times per window each, with how many were held back.
   store::LogLimiter missing_log_;
   store::LogLimiter length_log_;
   store::LogLimiter reply_error_log_;
+  store::LogLimiter unavailable_log_;
   Mutex failed_mutex_;
   // Files (dataset index << 32 | entry) whose fetch failed after waiting the whole timeout, and
   // when. Until the timeout has passed again, a fetch of the same file tries once: the kernel

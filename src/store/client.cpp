@@ -144,7 +144,8 @@ struct Client::Topology {
 Client::Client(std::vector<RedisEndpoint> seeds, ClientOptions options)
     : seeds_(std::move(seeds)),
       options_(options),
-      down_until_ms_(std::make_unique<std::atomic<int64_t>[]>(kMaxNodes)) {
+      down_until_ms_(std::make_unique<std::atomic<int64_t>[]>(kMaxNodes)),
+      unanswered_(std::make_unique<std::atomic<bool>[]>(kMaxNodes)) {
   if (seeds_.empty()) throw std::invalid_argument("no Redis server named (an empty seed list)");
   nodes_.reserve(kMaxNodes);
 }
@@ -449,9 +450,28 @@ void Client::mark_down(size_t index) {
 }
 
 void Client::mark_up(size_t index) {
-  // Read first: every reply clears it, and most find nothing to clear (no shared write).
-  if (index < kMaxNodes && down_until_ms_[index].load(std::memory_order_relaxed) != 0) {
+  if (index >= kMaxNodes) return;
+  // Read first: every reply clears them, and most find nothing to clear (no shared write).
+  if (down_until_ms_[index].load(std::memory_order_relaxed) != 0) {
     down_until_ms_[index].store(0, std::memory_order_relaxed);
+  }
+  if (unanswered_[index].load(std::memory_order_relaxed) &&
+      unanswered_[index].exchange(false, std::memory_order_relaxed)) {
+    unanswered_count_.fetch_sub(1, std::memory_order_relaxed);
+    spdlog::info("{} answers again", describe_node(index));
+  }
+}
+
+void Client::mark_unanswered(std::span<const size_t> nodes, std::chrono::milliseconds budget) {
+  for (const size_t index : nodes) {
+    if (index >= kMaxNodes || unanswered_[index].exchange(true, std::memory_order_relaxed)) {
+      continue;
+    }
+    unanswered_count_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error(
+        "{} did not answer within {} ms; reads from it are tried once until it answers "
+        "again",
+        describe_node(index), budget.count());
   }
 }
 
@@ -784,6 +804,7 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
     if (!failed(node)) failed_nodes.push_back(node);
   };
   std::string last_error;
+  bool trying_once = retry_budget.count() == 0;
   std::vector<size_t> from_primary;  // a replica's nil, a redirection: asked alone
   std::vector<size_t> retry;
   // GETs `group` (the keys of `indices`) from node `target` and settles each reply.
@@ -860,6 +881,11 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
       targets[k] = route.node;
       if (only == kNoNode) only = targets[k];
       one_node = one_node && targets[k] == only;
+      if (!trying_once && unanswered_count_.load(std::memory_order_relaxed) != 0 &&
+          route.node < kMaxNodes && unanswered_[route.node].load(std::memory_order_relaxed)) {
+        trying_once = true;
+        backoff = Backoff(std::chrono::milliseconds{0});
+      }
     }
     if (one_node && retry.empty() && pending.size() == keys.size()) {
       fetch(only, keys, pending);  // the caller's keys as they are: no copies, no grouping
@@ -890,7 +916,10 @@ std::vector<ValueReply> Client::get_values(std::span<const std::string> keys, si
     });
     spdlog::debug("{} GET(s) asked again {}: {}", retry.size(),
                   elsewhere ? "at once, of other copies" : "after a wait", last_error);
-    if (!elsewhere && !backoff.wait()) throw ConnectionError(last_error);
+    if (!elsewhere && !backoff.wait()) {
+      if (!trying_once) mark_unanswered(failed_nodes, retry_budget);
+      throw ConnectionError(last_error);
+    }
     if (retries) ++*retries;
     std::sort(retry.begin(), retry.end());
     pending.swap(retry);  // retry is cleared at the top of the next round

@@ -113,7 +113,10 @@ class Client {
   // A nil from a replica is asked of the primary; redirections are followed; connection
   // failures and "not now" replies are retried within `retry_budget` (the caller's, e.g. 0 to
   // try once), then thrown as ConnectionError. Error replies that are none of these are
-  // returned as kError.
+  // returned as kError. A node that failed a whole retry budget here is "unanswered" until a
+  // reply from it: a later call whose keys go there tries once (a loader walking many files
+  // would otherwise wait a whole budget per file for a node that is gone), while calls whose
+  // keys go elsewhere wait as usual.
   // `retries`, when given, counts the tries after the first.
   std::vector<ValueReply> get_values(std::span<const std::string> keys, size_t window,
                                      std::chrono::milliseconds retry_budget,
@@ -171,7 +174,11 @@ class Client {
   // the next second (then one read tries it again). Newly marked, the map is reloaded first,
   // so routing around it trusts a map asked for after the failure. A reply clears the mark.
   void mark_down(size_t index);
-  void mark_up(size_t index);
+  void mark_up(size_t index);  // also clears "unanswered" (get_values), logging it once
+  // Whether some node has failed a whole retry budget of get_values() and not answered since.
+  bool some_node_unanswered() const {
+    return unanswered_count_.load(std::memory_order_relaxed) != 0;
+  }
 
   // Reloads the slot map from any node that answers (a no-op for a single server). Throws
   // ConnectionError when none does. One reload at a time: a caller that waited for another
@@ -235,6 +242,11 @@ class Client {
   // Per node index (sized kMaxNodes, never moves): until when (ms, steady clock) it is passed
   // over for reads; 0 when it is not.
   std::unique_ptr<std::atomic<int64_t>[]> down_until_ms_;
+  // Per node index (sized kMaxNodes): failed a whole retry budget of get_values(), no reply
+  // since; and how many are. Set by mark_unanswered(), cleared by mark_up().
+  std::unique_ptr<std::atomic<bool>[]> unanswered_;
+  std::atomic<size_t> unanswered_count_{0};
+  void mark_unanswered(std::span<const size_t> nodes, std::chrono::milliseconds budget);
   // The most replicas a map listed (mutex_), and since when the current one lists fewer (0:
   // it does not): refresh_if_stale() then reloads it sooner.
   size_t most_replicas_listed_ = 0;
