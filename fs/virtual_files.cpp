@@ -75,16 +75,22 @@ std::string render_metadata_jsonl(const catalog::Catalog& catalog) {
     const std::string_view metadata = catalog.metadata(i);
     if (catalog.entry(i).is_dir || metadata.empty()) continue;
     nlohmann::ordered_json line = {{"path", catalog.path(i)}};
-    const auto parsed =
-        nlohmann::ordered_json::parse(metadata, nullptr, /*allow_exceptions=*/false);
+    // Ingest refuses deeper metadata; a manifest written otherwise is served, not printed by a
+    // recursion that would overflow this thread's stack.
+    const bool too_deep = catalog::json_nesting_depth(metadata) > catalog::kMaxMetadataDepth;
+    const auto parsed = too_deep ? nlohmann::ordered_json()
+                                 : nlohmann::ordered_json::parse(metadata, nullptr,
+                                                                 /*allow_exceptions=*/false);
     if (parsed.is_object()) {
       for (const auto& [key, value] : parsed.items()) {
         if (key != "path") line[key] = value;
       }
     } else {
       // Ingest stores objects only; anything else is kept verbatim rather than dropped.
-      spdlog::warn("metadata of {} is not a JSON object; served as a string",
-                   store::log_text(catalog.path(i)));
+      spdlog::warn("metadata of {} is {}; served as a string", store::log_text(catalog.path(i)),
+                   too_deep
+                       ? fmt::format("nested more than {} levels deep", catalog::kMaxMetadataDepth)
+                       : std::string("not a JSON object"));
       line["metadata"] = std::string(metadata);
     }
     out += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

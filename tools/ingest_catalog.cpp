@@ -137,6 +137,13 @@ SampleMetadata parse_metadata_jsonl(std::istream& in, std::string_view file_name
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto where = [&] { return fmt::format("{}:{}", file_name, line_number); };
+    if (const size_t depth = catalog::json_nesting_depth(line);
+        depth > catalog::kMaxMetadataDepth + 1) {  // the line's own object is one level
+      throw std::invalid_argument(
+          fmt::format("{}: the metadata nests {} levels deep, more than dsfs keeps ({}); flatten "
+                      "it",
+                      where(), depth - 1, catalog::kMaxMetadataDepth));
+    }
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(line);

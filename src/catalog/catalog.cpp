@@ -174,10 +174,37 @@ uint32_t CatalogBuilder::ensure_directory(std::string_view relative_path,
   return current;
 }
 
+size_t json_nesting_depth(std::string_view json) {
+  size_t depth = 0;
+  size_t deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, whatever it is
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 void CatalogBuilder::add_file(std::string_view relative_path, uint64_t size, int64_t mtime_ns,
                               uint32_t mode, uint64_t object_id, uint32_t label, uint64_t checksum,
                               std::string metadata_json) {
   const auto components = split_relative_path(relative_path);
+  if (const size_t depth = json_nesting_depth(metadata_json); depth > kMaxMetadataDepth) {
+    throw std::invalid_argument(fmt::format("metadata of '{}' nests {} levels deep, more than {}",
+                                            relative_path, depth, kMaxMetadataDepth));
+  }
   if (!metadata_json.empty()) {
     const auto parsed = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
     if (!parsed.is_object()) {

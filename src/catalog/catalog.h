@@ -82,12 +82,23 @@ class Catalog {
 // Builds a Catalog from files added in any order (ingest side). Directories are created for
 // every path prefix; add_directory is only needed for empty directories or to set mtime/mode.
 // Thread safety: not synchronized; one thread builds, then hands the Catalog over.
+// A sample's metadata nests arrays and objects at most this deep. Parsing and printing JSON
+// (nlohmann's dump) recurse once per level: metadata 60,000 levels deep overflowed the stack of
+// the FUSE thread that rendered .meta/NAME/metadata.jsonl, killing the mount.
+inline constexpr size_t kMaxMetadataDepth = 64;
+
+// How deep arrays and objects nest in JSON text (0 for a scalar), strings skipped; for a check
+// before anything recursive touches text that a user or Redis supplied. Never recurses. Counts
+// only brackets: the text need not be valid JSON.
+size_t json_nesting_depth(std::string_view json);
+
 class CatalogBuilder {
  public:
   CatalogBuilder(ChecksumKind checksum_kind, uint64_t chunk_size);
   void set_classes(std::vector<std::string> classes);
   // relative_path: '/'-separated components each valid per is_valid_path_component; throws
-  // std::invalid_argument otherwise or on a duplicate path. Returns nothing: object ids are
+  // std::invalid_argument otherwise, on a duplicate path, or on metadata that is not a JSON
+  // object or nests deeper than kMaxMetadataDepth. Returns nothing: object ids are
   // assigned by add order via `object_id`.
   void add_file(std::string_view relative_path, uint64_t size, int64_t mtime_ns, uint32_t mode,
                 uint64_t object_id, uint32_t label, uint64_t checksum, std::string metadata_json);

@@ -65,6 +65,23 @@ class SourcesTest(DsfsTestCase):
         self.assertIn("bad.jsonl:2", res.stderr)
         self.assertNotIn("m", self.dsfs("list").stdout.split())
 
+    def test_metadata_nested_too_deep_is_refused_naming_its_line(self):
+        """60,000 levels of nesting were accepted, and the first read of
+        .meta/NAME/metadata.jsonl overflowed the stack of the daemon's FUSE thread (the mount
+        died); 70,000 crashed the ingest itself."""
+        meta_file = os.path.join(self.tmp, "deep.jsonl")
+        depth = 60000
+        with open(meta_file, "w") as f:
+            f.write('{"path": "class_0000/img_000001.JPEG", "ok": [[1]]}\n')
+            f.write('{"path": "class_0000/img_000002.JPEG", "x": ' + "[" * depth + "]" * depth
+                    + "}\n")
+        res = self.dsfs("ingest", self.src, "--dataset", "deep", "--metadata", meta_file,
+                        check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("deep.jsonl:2", res.stderr)
+        self.assertIn("nests 60000 levels deep", res.stderr)
+        self.assertNotIn("deep", self.dsfs("list").stdout.split())
+
     def test_url_list(self):
         with http_server(self.src) as base:
             rels = sorted(os.path.relpath(os.path.join(d, n), self.src)

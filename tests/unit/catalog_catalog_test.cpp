@@ -180,9 +180,27 @@ TEST(CatalogBuilder, RejectsLabelsBeyondClassesAndBadMetadata) {
   CatalogBuilder m(ChecksumKind::kXxh64, kChunk);
   EXPECT_THROW(m.add_file("x", 1, 0, 0644, 1, kNoLabel, 0, "[1]"), std::invalid_argument);
   EXPECT_THROW(m.add_file("x", 1, 0, 0644, 1, kNoLabel, 0, "{"), std::invalid_argument);
+  // Nested deeper than kMaxMetadataDepth: refused before anything recursive reads it.
+  const auto nested = [](size_t depth) {
+    return "{\"a\":" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+  };
+  EXPECT_NO_THROW(m.add_file("shallow", 1, 0, 0644, 2, kNoLabel, 0, nested(kMaxMetadataDepth)));
+  EXPECT_THROW(m.add_file("deep", 1, 0, 0644, 3, kNoLabel, 0, nested(kMaxMetadataDepth + 1)),
+               std::invalid_argument);
   EXPECT_THROW(m.set_classes({"a\nb"}), std::invalid_argument);
   EXPECT_THROW(m.set_classes({""}), std::invalid_argument);
   EXPECT_THROW(CatalogBuilder(ChecksumKind::kXxh64, 0), std::invalid_argument);
+}
+
+TEST(JsonNestingDepth, CountsBracketsOutsideStrings) {
+  EXPECT_EQ(json_nesting_depth(""), 0u);
+  EXPECT_EQ(json_nesting_depth("3"), 0u);
+  EXPECT_EQ(json_nesting_depth("{}"), 1u);
+  EXPECT_EQ(json_nesting_depth(R"({"a":[1,{"b":[]}],"c":{}})"), 4u);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"[[[{{{"})"), 1u);
+  EXPECT_EQ(json_nesting_depth(R"({"a\"[[":"\\"})"), 1u);  // escaped quote and backslash
+  EXPECT_EQ(json_nesting_depth("]]]{"), 1u);               // not JSON: still no underflow
+  EXPECT_EQ(json_nesting_depth(std::string(100000, '[')), 100000u);
 }
 
 TEST(CatalogBuilder, ModeKeepsPermissionBitsOnly) {

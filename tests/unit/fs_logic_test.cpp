@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@
 #include "fs/mount.h"
 #include "fs/virtual_files.h"
 #include "src/catalog/catalog.h"
+#include "src/catalog/manifest.h"
 #include "tests/unit/support/files.h"
 
 namespace dsfs::fs {
@@ -157,6 +160,32 @@ TEST(VirtualFiles, MetadataLinesStartWithThePath) {
   EXPECT_EQ(render_metadata_jsonl(*catalog),
             "{\"path\":\"loose.txt\",\"note\":\"x\"}\n"
             "{\"path\":\"bee/b.jpg\",\"w\":3}\n");
+}
+
+// A manifest written before ingest refused deep metadata (or by hand): printing it recursed once
+// per level on the FUSE thread and overflowed its stack at tens of thousands of levels. It is
+// served as a string now, never printed as JSON.
+TEST(VirtualFiles, MetadataNestedTooDeepIsServedAsAString) {
+  catalog::CatalogBuilder builder(catalog::ChecksumKind::kXxh64, 1024);
+  constexpr size_t kDepth = 100000;
+  const std::string placeholder = "{\"a\":\"" + std::string(2 * kDepth - 2, 'x') + "\"}";
+  builder.add_file("deep.bin", 1, 0, 0644, 1, catalog::kNoLabel, 0, placeholder);
+  const catalog::Catalog shallow = std::move(builder).build();
+  std::vector<std::byte> manifest = catalog::encode_manifest(shallow);
+  const std::string deep = "{\"a\":" + std::string(kDepth, '[') + std::string(kDepth, ']') + "}";
+  ASSERT_EQ(deep.size(), placeholder.size());
+  const std::string_view bytes(reinterpret_cast<const char*>(manifest.data()), manifest.size());
+  const size_t at = bytes.find(placeholder);
+  ASSERT_NE(at, std::string_view::npos);
+  std::memcpy(manifest.data() + at, deep.data(), deep.size());
+  // The trailer: XXH64 of everything before it, as a writer of such a manifest stored it.
+  const uint64_t digest = XXH64(manifest.data(), manifest.size() - 8, 0);
+  std::memcpy(manifest.data() + manifest.size() - 8, &digest, 8);
+  const catalog::Catalog catalog = catalog::decode_manifest(manifest);
+  ASSERT_EQ(catalog.metadata(*catalog.find("deep.bin")), deep);
+  const nlohmann::json line = nlohmann::json::parse(render_metadata_jsonl(catalog));
+  EXPECT_EQ(line["path"], "deep.bin");
+  EXPECT_EQ(line["metadata"], deep);
 }
 
 TEST(VirtualFiles, InfoJson) {
