@@ -949,6 +949,22 @@ bool DiskTier::replaced_since_read(const FileId& id, int fd) const {
           named_file_stat.st_dev != read_file_stat.st_dev);
 }
 
+bool DiskTier::is_transient(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOMEM || error == EAGAIN || error == EINTR;
+}
+
+void DiskTier::keep_unread(const std::filesystem::path& path, int error) {
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.misses;
+    ++stats_.read_errors;
+  }
+  unread_log_.log(spdlog::level::warn,
+                  fmt::format("disk cache: cannot read {} now: {}; read from Redis (the file is "
+                              "kept)",
+                              path.string(), std::strerror(error)));
+}
+
 void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::string& why,
                         bool checksum, int fd) {
   const bool replaced = replaced_since_read(id, fd);
@@ -957,9 +973,12 @@ void DiskTier::drop_bad(const FileId& id, std::string_view dataset, const std::s
   // Evicted (or dropped by another reader) since this read looked: nothing wrong with the disk.
   if (replaced || !index_.contains(id)) return;
   ++(checksum ? stats_.checksum_failures : stats_.read_errors);
-  spdlog::warn(
-      "disk cache: dropped {} (object {} chunk {} of {} generation {}): {}; read from Redis",
-      path_of(id).string(), id.object_id, id.chunk, store::log_text(dataset), id.generation, why);
+  drop_log_.log(
+      spdlog::level::warn,
+      fmt::format("disk cache: dropped {} (object {} chunk {} of {} generation {}): {}; read "
+                  "from Redis",
+                  path_of(id).string(), id.object_id, id.chunk, store::log_text(dataset),
+                  id.generation, why));
   erase_locked(id);
 }
 
@@ -1008,6 +1027,10 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
   // Neither followed nor waited on: a link or a FIFO put in a file's place (the open of a FIFO
   // waits for a writer forever, with the reader and the daemon's exit behind it).
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (fd.get() < 0 && is_transient(errno)) {
+    keep_unread(path, errno);
+    return nullptr;
+  }
   if (fd.get() < 0) {
     drop_bad(id, key.dataset,
              errno == ENOENT  ? std::string("the file vanished")
@@ -1033,6 +1056,10 @@ ObjectBuffer DiskTier::get(const DiskTierKey& key, uint64_t length) {
     turn_direct_io_off("it refused a direct read (EINVAL)");
     direct = false;
     if (::fcntl(fd.get(), F_SETFL, 0) == 0) got = read_file(fd.get(), block.get(), request, false);
+  }
+  if (got < 0 && is_transient(static_cast<int>(-got))) {
+    keep_unread(path, static_cast<int>(-got));
+    return nullptr;
   }
   if (got < 0) {
     drop_bad(id, key.dataset, std::strerror(static_cast<int>(-got)), false);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "prefetch/object_data.h"
+#include "src/store/log_limiter.h"
 
 namespace dsfs::prefetch {
 
@@ -325,8 +326,16 @@ class DiskTier {
   bool read_directly(int fd, uint64_t file_size);
   // Direct reads are not possible here (`why`): every later read goes through the page cache.
   void turn_direct_io_off(const char* why);
-  // Drops an entry whose file did not check out: logs one line, counts it. Not when it was
-  // evicted meanwhile, or when `fd` (the file read, if given) is no longer the file under its
+  // Whether a failed open or read says nothing of the file: the process or the system is short of
+  // descriptors or memory now, or a signal came.
+  static bool is_transient(int error);
+  // A read that failed for such a reason (`error`): a miss, counted and logged (limited); the
+  // file is kept (before, running out of descriptors dropped a good tier file by file).
+  void keep_unread(const std::filesystem::path& path, int error);
+  store::LogLimiter unread_log_;
+  store::LogLimiter drop_log_;  // drop_bad's lines: a disk that fails fails every read
+  // Drops an entry whose file did not check out: logs one line (limited), counts it. Not when it
+  // was evicted meanwhile, or when `fd` (the file read, if given) is no longer the file under its
   // name: a write took it over.
   void drop_bad(const FileId& id, std::string_view dataset, const std::string& why, bool checksum,
                 int fd = -1);

@@ -31,16 +31,6 @@ uint64_t ObjectFetcher::chunk_length(const catalog::Catalog& catalog, uint32_t e
   return chunk + 1 < count ? chunk_size : size - (count - 1) * chunk_size;
 }
 
-void ObjectFetcher::log_limited(store::LogLimiter& limiter, const std::string& message) {
-  if (const std::optional<uint64_t> held_back = limiter.admit()) {
-    if (*held_back == 0) {
-      spdlog::error("{}", message);
-    } else {
-      spdlog::error("{} ({} more like it not logged)", message, *held_back);
-    }
-  }
-}
-
 bool ObjectFetcher::answers_within(std::chrono::milliseconds limit) const {
   return client_.answers_within(limit);
 }
@@ -158,9 +148,9 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
     // Refused before any GET ran (AUTH or READONLY on a new connection: a password changed).
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
     stats_.reply_errors.fetch_add(1, std::memory_order_relaxed);
-    log_limited(reply_error_log_,
-                fmt::format("read of {}/{} failed: {}", dataset.name(),
-                            store::log_text(dataset.catalog->path(entry)), e.what()));
+    reply_error_log_.log(spdlog::level::err,
+                         fmt::format("read of {}/{} failed: {}", dataset.name(),
+                                     store::log_text(dataset.catalog->path(entry)), e.what()));
     throw;
   } catch (const store::ConnectionError& e) {
     stats_.retries.fetch_add(retries, std::memory_order_relaxed);
@@ -176,9 +166,9 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
       recently_failed_[file] = std::chrono::steady_clock::now();
     }
     // The node's state is logged by the client, once; each file at most a few times a window.
-    log_limited(unavailable_log_,
-                fmt::format("read of {}/{} failed: {}", dataset.name(),
-                            store::log_text(dataset.catalog->path(entry)), e.what()));
+    unavailable_log_.log(spdlog::level::err,
+                         fmt::format("read of {}/{} failed: {}", dataset.name(),
+                                     store::log_text(dataset.catalog->path(entry)), e.what()));
     throw;
   }
   if (failed_lately) {
@@ -196,7 +186,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
       const std::string message =
           fmt::format("GET {} for {}/{} failed: Redis replied '{}'", key, dataset.name(),
                       store::log_text(dataset.catalog->path(entry)), store::log_text(reply.error));
-      log_limited(reply_error_log_, message);
+      reply_error_log_.log(spdlog::level::err, message);
       throw store::ReplyError(message);
     }
     if (reply.kind == store::ValueReply::Kind::kNil) {
@@ -206,7 +196,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
           "generation {} collected? the mount serves the current one after its next poll or "
           "`dsfs refresh MOUNT`)",
           key, dataset.name(), store::log_text(dataset.catalog->path(entry)), dataset.generation());
-      log_limited(missing_log_, message);
+      missing_log_.log(spdlog::level::err, message);
       throw IntegrityError(IntegrityError::Kind::kMissing, message);
     }
     const uint64_t expected = chunk_length(*dataset.catalog, entry, chunks[i]);
@@ -215,7 +205,7 @@ std::vector<ObjectBuffer> ObjectFetcher::fetch_from_redis(const DatasetSnapshot&
       const std::string message = fmt::format(
           "object key {} of {}/{} holds {} bytes but the catalogue says {}: refusing to serve it",
           key, dataset.name(), store::log_text(dataset.catalog->path(entry)), reply.size, expected);
-      log_limited(length_log_, message);
+      length_log_.log(spdlog::level::err, message);
       throw IntegrityError(IntegrityError::Kind::kLength, message);
     }
     stats_.bytes.fetch_add(expected, std::memory_order_relaxed);

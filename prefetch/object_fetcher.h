@@ -121,8 +121,6 @@ class ObjectFetcher {
                                              std::span<const uint32_t> chunks);
   // True if a fresh connection (not the pool's) connects and answers PING within `limit`.
   bool answers_within(std::chrono::milliseconds limit) const;
-  // spdlog::error(message) unless `limiter` holds it back.
-  static void log_limited(store::LogLimiter& limiter, const std::string& message);
 
   store::Client& client_;
   catalog::KeySchema keys_;

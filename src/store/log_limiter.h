@@ -1,9 +1,12 @@
 #pragma once
 // A bound on how often one kind of log line is written: an error that every read meets (a
 // dataset removed under a mount, a password changed) wrote thousands of lines a second.
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "src/store/thread_annotations.h"
 
@@ -34,6 +37,17 @@ class LogLimiter {
     const uint64_t held_back = held_back_;
     held_back_ = 0;
     return held_back;
+  }
+
+  // Writes `message` at `level` unless held back, saying how many like it were held back since.
+  void log(spdlog::level::level_enum level, const std::string& message) {
+    if (const std::optional<uint64_t> held_back = admit()) {
+      if (*held_back == 0) {
+        spdlog::log(level, "{}", message);
+      } else {
+        spdlog::log(level, "{} ({} more like it not logged)", message, *held_back);
+      }
+    }
   }
 
  private:
