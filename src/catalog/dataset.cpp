@@ -362,13 +362,6 @@ std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeyS
   for (const std::string& name : list_datasets(client, keys, unpublished)) {
     DatasetStatus& status = statuses.emplace_back();
     status.name = store::log_text(name);
-    if (!is_valid_dataset_name(name)) {
-      status.damage = fmt::format(
-          "not a valid dataset name, so not written by dsfs; remove it from the set with "
-          "`redis-cli SREM {} NAME`",
-          keys.datasets());
-      continue;
-    }
     try {
       status.info = read_info(client, keys, name);
     } catch (const DatasetNotFound&) {
@@ -403,7 +396,15 @@ std::vector<DatasetStatus> list_dataset_status(store::Client& client, const KeyS
 }
 
 DatasetInfo read_info(store::Client& client, const KeySchema& keys, const std::string& name) {
-  validate_dataset_name(name);
+  // A name not valid here came from the datasets set (a caller validates what a user typed):
+  // damaged like any other bad record, so that a mount of every dataset, the watcher and
+  // `refresh` skip it rather than fail for all (std::invalid_argument is no runtime_error).
+  if (!is_valid_dataset_name(name)) {
+    throw DatasetDamaged(fmt::format(
+        "{} names '{}', which is not a valid dataset name, so not written by dsfs; remove it "
+        "from the set with `redis-cli SREM {} NAME`",
+        keys.datasets(), store::log_text(name), keys.datasets()));
+  }
   store::Reply reply = client.command({"HGETALL", keys.info(name)});
   if (reply.is_error() && reply.str().starts_with("WRONGTYPE")) {
     throw_corrupt_info(name, fmt::format("{} is not a hash", keys.info(name)));

@@ -76,6 +76,29 @@ class DamagedDatasetTest(DsfsTestCase):
                 self.assert_serves_good_only(mnt)
                 self.umount(mnt)
 
+    def test_a_name_in_the_set_that_is_not_valid_is_skipped_not_fatal(self):
+        """A member of NS:datasets that is no valid name, with an info hash (written by hand or
+        by another tool): the mount of every dataset failed with "invalid dataset name" (an
+        error type the skipping did not catch), and so did the watcher's every pass and
+        `dsfs refresh`. It is skipped as damaged now, the others served."""
+        self.dsfs("rm", "broken")
+        fields = self.redis.cli("HGETALL", "dsfs:{good}:info").splitlines()
+        self.redis.cli("HSET", "dsfs:{*}:info", *fields)
+        self.redis.cli("SADD", "dsfs:datasets", "*")
+        mnt = os.path.join(self.tmp, "mnt")
+        os.makedirs(mnt)
+        res = self.dsfs("mount", mnt)
+        self.mounts.append(mnt)
+        self.assertIn("not a valid dataset name", res.stderr)
+        self.assert_serves_good_only(mnt)
+        # A refresh of all reports the damage (EIO, as for any damaged dataset); the watcher
+        # still refreshes the others and sees a new dataset.
+        self.assertNotEqual(self.dsfs("refresh", mnt, redis=False, check=False).returncode, 0)
+        self.dsfs("refresh", mnt, "good", redis=False)
+        self.dsfs("ingest", self.src, "--dataset", "later")
+        self.dsfs("refresh", mnt, "later", redis=False)
+        self.assertIn("later", os.listdir(mnt))
+
     def test_mounting_a_damaged_dataset_by_name_is_an_error_naming_it(self):
         self.damage("wrongtype")
         mnt = os.path.join(self.tmp, "named")

@@ -129,6 +129,16 @@ TEST_F(DamagedDatasetTest, TheListingReportsEachDamageBesideTheHealthyDatasets) 
   }
 }
 
+// A name that came from the set and is no valid name is damage like any other (a mount of every
+// dataset skips it): read_info threw std::invalid_argument, which no caller skipping damaged
+// datasets caught.
+TEST_F(DamagedDatasetTest, AnInvalidNameFromTheSetIsDamaged) {
+  publish_sample("good");
+  command({"SADD", keys_.datasets(), "*"});
+  command({"HSET", keys_.info("*"), "generation", "1"});
+  EXPECT_THROW(read_info(*client_, keys_, "*"), DatasetDamaged);
+}
+
 TEST_F(DamagedDatasetTest, RemoveDeletesADamagedDatasetAndEveryKeyOfIt) {
   publish_sample("good");
   publish_sample("bad");
