@@ -78,7 +78,7 @@ void list_command(const cli::GlobalOptions& global, bool as_json) {
                          ? info_to_json(*status.info)
                          : nlohmann::json{{"name", status.name}, {"damaged", status.damage}});
     }
-    fmt::print("{}\n", list.dump(2));
+    fmt::print("{}\n", list.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   if (statuses.empty()) {
@@ -145,7 +145,7 @@ void info_command(const cli::GlobalOptions& global, const std::string& name, boo
                                  {"bytes", share.bytes}});
       }
     }
-    fmt::print("{}\n", json.dump(2));
+    fmt::print("{}\n", json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("name:                {}\n", info.name);

@@ -98,7 +98,9 @@ void run_bench_command(BenchCommandState& state) {
   const std::string summary = format_bench_summary(options, result);
   fmt::print(json_on_stdout ? stderr : stdout, "{}", summary);
   if (!state.json_file.empty()) {
-    const std::string json = bench_result_json(options, result).dump(2) + "\n";
+    const std::string json = bench_result_json(options, result)
+                                 .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+                             "\n";
     if (json_on_stdout) {
       fmt::print("{}", json);
       std::fflush(stdout);

@@ -190,6 +190,16 @@ class SymlinkIngestTest(DsfsTestCase):
                 self.dsfs("ingest", self.src, "--dataset", name, *flags)
                 self.assertEqual(self.file_count(name), 1)
 
+    def test_a_source_path_that_is_not_utf8_keeps_the_json_listings_valid(self):
+        """A dataset ingested from a directory named in Latin-1: `list --json` failed for every
+        dataset, and `info --json` for it, with nlohmann's "invalid UTF-8 byte"."""
+        latin1 = os.path.join(os.fsencode(self.tmp), b"caf\xe9-src")
+        shutil.copytree(os.fsencode(self.src), latin1)
+        self.dsfs("ingest", os.fsdecode(latin1), "--dataset", "latin")
+        listed = json.loads(self.dsfs("list", "--json").stdout)
+        self.assertIn("latin", [d["name"] for d in listed])
+        info = json.loads(self.dsfs("info", "latin", "--json").stdout)
+        self.assertIn("caf\ufffd-src", info["source"])
 
     def test_names_with_control_bytes_reach_no_terminal_unescaped(self):
         # A directory named with an escape sequence and a newline: each warning about what is
