@@ -255,6 +255,39 @@ std::string normalize_relative_path(std::string_view path, std::string_view cont
   return normalized;
 }
 
+std::string url_for_messages(std::string_view url) {
+  detail::ensure_curl_initialised();
+  std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> handle(curl_url(), &curl_url_cleanup);
+  const std::string whole(url);
+  char* shown = nullptr;
+  if (handle && curl_url_set(handle.get(), CURLUPART_URL, whole.c_str(), 0) == CURLUE_OK) {
+    char* part = nullptr;
+    if (curl_url_get(handle.get(), CURLUPART_PASSWORD, &part, 0) == CURLUE_OK) {
+      curl_free(part);
+      curl_url_set(handle.get(), CURLUPART_PASSWORD, "***", 0);
+    }
+    if (curl_url_get(handle.get(), CURLUPART_QUERY, &part, 0) == CURLUE_OK) {
+      curl_free(part);
+      curl_url_set(handle.get(), CURLUPART_QUERY, "***", 0);
+    }
+    if (curl_url_get(handle.get(), CURLUPART_URL, &shown, 0) != CURLUE_OK) shown = nullptr;
+  }
+  if (shown == nullptr) {
+    // Not a URL curl parses: everything from the scheme's "//" to the last '@' could be a secret,
+    // and so could any query.
+    std::string text = whole.substr(0, whole.find('?'));
+    const size_t slashes = text.find("//");
+    const size_t at = text.rfind('@');
+    if (at != std::string::npos) {
+      const size_t begin = slashes == std::string::npos ? 0 : slashes + 2;
+      if (at >= begin) text.replace(begin, at - begin, "***");
+    }
+    return store::log_text(text);
+  }
+  const std::unique_ptr<char, decltype(&curl_free)> owned(shown, &curl_free);
+  return store::log_text(owned.get());
+}
+
 std::string url_to_relative_path(std::string_view url) {
   detail::ensure_curl_initialised();
   std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> handle(curl_url(), &curl_url_cleanup);
@@ -263,21 +296,22 @@ std::string url_to_relative_path(std::string_view url) {
   if (const CURLUcode status = curl_url_set(handle.get(), CURLUPART_URL, url_text.c_str(), 0);
       status != CURLUE_OK) {
     throw std::invalid_argument(
-        fmt::format("malformed URL '{}': {}", url, curl_url_strerror(status)));
+        fmt::format("malformed URL '{}': {}", url_for_messages(url), curl_url_strerror(status)));
   }
   char* raw_path = nullptr;
   if (const CURLUcode status =
           curl_url_get(handle.get(), CURLUPART_PATH, &raw_path, CURLU_URLDECODE);
       status != CURLUE_OK) {
-    throw std::invalid_argument(
-        fmt::format("cannot decode the path of URL '{}': {}", url, curl_url_strerror(status)));
+    throw std::invalid_argument(fmt::format("cannot decode the path of URL '{}': {}",
+                                            url_for_messages(url), curl_url_strerror(status)));
   }
   const std::unique_ptr<char, decltype(&curl_free)> path(raw_path, &curl_free);
-  std::string relative = normalize_relative_path(path.get(), fmt::format("URL '{}'", url));
+  std::string relative =
+      normalize_relative_path(path.get(), fmt::format("URL '{}'", url_for_messages(url)));
   if (relative.empty()) {
     throw std::invalid_argument(fmt::format(
         "URL '{}' names no file; give the relative path to store it under as a second column",
-        url));
+        url_for_messages(url)));
   }
   return relative;
 }
@@ -292,8 +326,8 @@ std::vector<UrlListEntry> parse_url_list(std::string_view text, std::string_view
     const std::string_view path_column =
         space == std::string_view::npos ? std::string_view{} : trim(line.substr(space));
     if (!starts_with_http_scheme(url)) {
-      throw std::invalid_argument(
-          fmt::format("{}: '{}' is not an http:// or https:// URL", context, url));
+      throw std::invalid_argument(fmt::format("{}: '{}' is not an http:// or https:// URL", context,
+                                              url_for_messages(url)));
     }
     UrlListEntry entry;
     entry.url = std::string(url);

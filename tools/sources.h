@@ -42,6 +42,10 @@ std::vector<UrlListEntry> parse_url_list(std::string_view text, std::string_view
 // The URL's path without the leading '/', percent-decoded ("http://h/a/b%20c.jpg" -> "a/b c.jpg").
 // Throws std::invalid_argument when the URL is malformed or has no file path.
 std::string url_to_relative_path(std::string_view url);
+
+// A URL of a list for a message: a password in it (https://user:PASSWORD@host/...) and its query
+// (a presigned URL's signature) shown as ***, the rest escaped (store::log_text).
+std::string url_for_messages(std::string_view url);
 // Canonical relative path of an archive member or list entry: strips leading "/" and "./",
 // collapses "//" and drops "." components and a trailing '/'. Throws std::invalid_argument
 // naming `context` for ".." or a component that catalog::is_valid_path_component rejects.

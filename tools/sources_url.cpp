@@ -168,15 +168,15 @@ class UrlListSource final : public Source {
       const bool deadline_passed = Clock::now() >= deadline;
       if (!is_transient(code, http_status) || attempt >= attempts || deadline_passed) {
         throw std::runtime_error(fmt::format(
-            "cannot fetch '{}' (line {}): {} (after {} {}{})", store::log_text(entry.url),
+            "cannot fetch '{}' (line {}): {} (after {} {}{})", url_for_messages(entry.url),
             entry.line, reason, attempt, attempt == 1 ? "attempt" : "attempts",
             deadline_passed ? fmt::format("; its deadline of {} s (--url-timeout) passed",
                                           options_.url_file_deadline.count() / 1000.0)
                             : ""));
       }
       const auto backoff = options_.url_retry_backoff * (1u << std::min(attempt - 1, 6u));
-      spdlog::warn("fetching '{}' failed ({}); retrying in {} ms", entry.url, reason,
-                   backoff.count());
+      spdlog::warn("fetching '{}' failed ({}); retrying in {} ms", url_for_messages(entry.url),
+                   reason, backoff.count());
       sleep_unless_stopping(backoff, transfer);
       stream.restart();
     }

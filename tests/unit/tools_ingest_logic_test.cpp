@@ -184,6 +184,20 @@ TEST(UrlToRelativePath, StripsLeadingSlashAndPercentDecodes) {
   EXPECT_EQ(url_to_relative_path("http://h/a//b/./c.bin"), "a/b/c.bin");
 }
 
+// A URL list's passwords and presigned signatures were printed as they were in every fetch
+// warning and error.
+TEST(UrlForMessages, HidesPasswordsAndQueries) {
+  EXPECT_EQ(url_for_messages("http://h/a/b.jpg"), "http://h/a/b.jpg");
+  EXPECT_EQ(url_for_messages("http://user:HttpSecret9@127.0.0.1:42999/a.jpg"),
+            "http://user:***@127.0.0.1:42999/a.jpg");
+  EXPECT_EQ(url_for_messages("https://bucket.s3/k.jpg?X-Amz-Signature=abc&X-Amz-Date=1"),
+            "https://bucket.s3/k.jpg?***");
+  // Not a URL curl takes: everything that could be a secret goes.
+  EXPECT_EQ(url_for_messages("http://us er:pw@h st/x?sig=1"), "http://***@h st/x");
+  EXPECT_EQ(url_for_messages("ftp\x1b://x"), "ftp\\x1b://x");
+  EXPECT_THAT(url_for_messages("http://u:Secret9@h"), Not(HasSubstr("Secret9")));
+}
+
 TEST(UrlToRelativePath, RejectsUrlsWithoutAFile) {
   EXPECT_THROW(url_to_relative_path("http://example.com/"), std::invalid_argument);
   EXPECT_THROW(url_to_relative_path("http://example.com"), std::invalid_argument);
