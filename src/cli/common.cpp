@@ -108,8 +108,12 @@ size_t url_scheme_length(std::string_view text) {
 // Overwrites the password of the one URL in `url` (a piece of an argument) with '*'.
 void scrub_url_password(char* url, std::string_view text) {
   const size_t scheme_end = text.find("://");
-  if (scheme_end == std::string_view::npos) return;
-  const size_t authority = scheme_end + 3;
+  // A mistyped scheme ("redis//:pw@host", "redis:/:pw@host", ":pw@host"): whatever precedes the
+  // last '@' may hold a password, from its first ':' on.
+  const bool mistyped = text.starts_with(':') || text.starts_with("redis") ||
+                        text.starts_with("--redis=redis") || text.starts_with("unix");
+  if (scheme_end == std::string_view::npos && !mistyped) return;
+  const size_t authority = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
   const size_t at = text.rfind('@');
   if (at == std::string_view::npos || at < authority) return;
   const size_t colon = text.find(':', authority);

@@ -42,8 +42,9 @@ std::optional<UserInfoSpan> find_user_info(std::string_view url) {
     return UserInfoSpan{begin, at};
   }
   const size_t scheme_end = url.find("://");
-  if (scheme_end == std::string_view::npos) return std::nullopt;
-  const size_t begin = scheme_end + 3;
+  // Without one (a mistyped scheme: "redis//:pw@host", ":pw@host"), all before the last '@' is
+  // taken as user-info: it may hold a password.
+  const size_t begin = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
   // Host, port, db and query never contain '@', so the last one closes the credentials (which
   // lets a raw ':' or '/' appear in a password).
   const size_t at = url.rfind('@');

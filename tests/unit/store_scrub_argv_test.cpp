@@ -32,5 +32,15 @@ TEST(ScrubSecretsFromArgv, OverwritesEveryUrlPasswordAndNothingElse) {
   EXPECT_EQ(args[10], "debug");
 }
 
+// A mistyped scheme kept the password in plain sight (ps) and in the error message.
+TEST(ScrubSecretsFromArgv, AMistypedSchemeHidesThePasswordToo) {
+  const auto args = scrubbed({"dsfs", "list", "--redis", "redis//:S3cr3t@h:1", "redis:/:S3cr3t@h",
+                              ":S3cr3t@h", "/mnt/a:b@c"});
+  EXPECT_EQ(args[3], "redis//:******@h:1");
+  EXPECT_EQ(args[4], "redis:********@h");
+  EXPECT_EQ(args[5], ":******@h");
+  EXPECT_EQ(args[6], "/mnt/a:b@c");  // not a Redis URL
+}
+
 }  // namespace
 }  // namespace dsfs::cli

@@ -156,6 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
     Malformed, RedisUrlRejectTest,
     ::testing::Values(
         BadUrl{"", "empty URL"}, BadUrl{"localhost:6379", "expected redis://"},
+        BadUrl{"redis//:hunter2@h:1", "expected redis://"},
+        BadUrl{"redis:/:hunter2@h:1", "expected redis://"}, BadUrl{":hunter2@h", "expected"},
         BadUrl{"http://h:6379", "expected redis://"}, BadUrl{"rediss://h:6379", "TLS"},
         BadUrl{"redis://", "missing host"}, BadUrl{"redis://:6379", "missing host"},
         BadUrl{"redis://h:", "port '' is not a number"},
