@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -451,12 +452,15 @@ void Session::install_signal_handlers() {
 void set_readahead(dev_t device, uint64_t bytes) {
   const std::filesystem::path knob =
       fmt::format("/sys/class/bdi/{}:{}/read_ahead_kb", major(device), minor(device));
-  std::ofstream out(knob);
-  out << (bytes + 1023) / 1024 << '\n';
-  out.flush();
-  if (!out) {
-    spdlog::info("cannot set readahead through {} (not root?); keeping the kernel's",
-                 knob.string());
+  const std::string value = fmt::format("{}\n", (bytes + 1023) / 1024);
+  const int fd = ::open(knob.c_str(), O_WRONLY | O_CLOEXEC);
+  const bool written =
+      fd >= 0 && ::write(fd, value.data(), value.size()) == static_cast<ssize_t>(value.size());
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  if (!written) {
+    spdlog::info("cannot set readahead through {}: {}; keeping the kernel's", knob.string(),
+                 std::strerror(error));
     return;
   }
   spdlog::debug("readahead {} KiB via {}", (bytes + 1023) / 1024, knob.string());

@@ -149,7 +149,13 @@ std::filesystem::path default_log_file(const std::filesystem::path& mountpoint) 
 
 // Sends every log line to `path` from now on (the daemon's stderr is /dev/null).
 void log_to_file(const std::filesystem::path& path, const std::string& level) {
-  std::filesystem::create_directories(path.parent_path());
+  if (std::error_code error;
+      !std::filesystem::create_directories(path.parent_path(), error) && error) {
+    throw std::runtime_error(fmt::format(
+        "cannot create {} for the mount's log: {}; give --log-file a writable place (or set "
+        "DSFS_HOME to a writable directory)",
+        store::log_text(path.parent_path().string()), error.message()));
+  }
   // Only its owner may read it (it names datasets, paths and the Redis endpoint): created 0600,
   // and an existing file made so, before spdlog appends to it.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -312,8 +318,9 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   DaemonLock lock(mountpoint);
   std::filesystem::path log_file;
   if (!args.foreground) {
-    log_file =
-        args.log_file.empty() ? default_log_file(mountpoint) : std::filesystem::path(args.log_file);
+    log_file = args.log_file.empty()
+                   ? default_log_file(mountpoint)
+                   : std::filesystem::absolute(args.log_file);  // "m.log" alone too
     log_to_file(log_file, global.log_level);
   }
 

@@ -30,6 +30,20 @@ class SecretsTest(DsfsTestCase):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
 
+    def test_a_log_file_named_without_a_directory_is_made_in_the_working_directory(self):
+        """`--log-file m.log` failed the mount with "cannot create directories: Invalid argument
+        []" (its parent path is empty) (audit A)."""
+        mnt = os.path.join(self.tmp, "mnt")
+        os.makedirs(mnt)
+        res = run([DSFS, "mount", mnt, "--redis", self.redis.url, "--log-file", "m.log"],
+                  env=self.env, cwd=self.tmp)
+        self.mounts.append(mnt)
+        log = os.path.join(self.tmp, "m.log")
+        self.assertIn(log, res.stderr)
+        self.assertEqual(stat.S_IMODE(os.stat(log).st_mode), 0o600)
+        with open(os.path.join(mnt, "ds", "c", "a.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"payload")
+
     def test_a_password_in_the_url_is_scrubbed_from_the_daemons_argv_and_log(self):
         mnt = os.path.join(self.tmp, "mnt")
         log = os.path.join(self.tmp, "mount.log")
