@@ -1,4 +1,5 @@
 #include "src/store/embedded_server.h"
+#include "src/store/log_text.h"
 
 #include <fmt/core.h>
 #include <pwd.h>
@@ -61,10 +62,11 @@ RedisEndpoint socket_endpoint(const fs::path& socket) {
   return endpoint;
 }
 
-enum class Health { kReady, kLoading, kUnreachable };
+// kRefusing: it answers, with an error (MISCONF: it cannot write its data), in *refusal.
+enum class Health { kReady, kLoading, kUnreachable, kRefusing };
 
 // Whether the server on `socket` answers PING; fills *pid from INFO when it does.
-Health probe(const fs::path& socket, int* pid = nullptr) {
+Health probe(const fs::path& socket, int* pid = nullptr, std::string* refusal = nullptr) {
   std::error_code ignored;
   if (!fs::exists(socket, ignored)) return Health::kUnreachable;
   try {
@@ -84,8 +86,9 @@ Health probe(const fs::path& socket, int* pid = nullptr) {
     return std::string_view(e.what()).find("LOADING") != std::string_view::npos
                ? Health::kLoading
                : Health::kUnreachable;
-  } catch (const ReplyError&) {
-    return Health::kUnreachable;
+  } catch (const ReplyError& e) {
+    if (refusal) *refusal = e.what();
+    return Health::kRefusing;
   }
 }
 
@@ -197,8 +200,19 @@ bool EmbeddedServer::start() {
   // be loading its data after another process started it).
   const auto start_time = Clock::now();
   for (;;) {
-    const Health health = probe(layout.socket);
+    std::string refusal;
+    const Health health = probe(layout.socket, nullptr, &refusal);
     if (health == Health::kReady) return started;
+    if (health == Health::kRefusing) {
+      // Waiting would not change it (a full disk, a bad config): said at once.
+      throw std::runtime_error(fmt::format(
+          "the embedded redis-server on {} answers but refuses commands: {}{}",
+          layout.socket.string(), log_text(refusal),
+          refusal.find("MISCONF") != std::string::npos
+              ? fmt::format("; it cannot write its data under {}: free space there (df {})",
+                            layout.data_dir.string(), layout.data_dir.string())
+              : ""));
+    }
     const auto waited = Clock::now() - start_time;
     const bool alive = redis_process::is_live(redis_process::read_pid_file(layout.pid_file));
     const bool give_up =
