@@ -500,6 +500,32 @@ class EmbeddedServerTest(DsfsTestCase):
         self.mounts.append(mnt)
         run(["diff", "-r", os.path.join(SOURCE, "class_0001"), os.path.join(mnt, "emb")])
 
+    def test_a_server_that_cannot_write_its_data_is_reported_at_once(self):
+        """$DSFS_HOME on a full disk: redis-server answers every command, PING too, with
+        MISCONF. Commands waited 10 s for it and then called it unreachable on its socket."""
+        tiny = os.path.join(self.tmp, "tiny")
+        os.makedirs(tiny)
+        run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", tiny])
+        env = dict(self.env, DSFS_HOME=os.path.join(tiny, "h"))
+        pid_file = os.path.join(tiny, "h", "redis", "redis.pid")
+        try:
+            run([DSFS, "server", "start"], env=env)
+            with open(os.path.join(tiny, "fill"), "wb") as f:
+                f.write(b"\0" * (1000 << 10))
+            res = run([DSFS, "ingest", os.path.join(SOURCE, "class_0001"), "--dataset", "full"],
+                      env=env, check=False)
+            self.assertIn("MISCONF", res.stderr)
+            res = run([DSFS, "list"], env=env, check=False, timeout=60)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("answers but refuses commands", res.stderr)
+            self.assertIn("free space there", res.stderr)
+        finally:
+            # It cannot save, so it does not stop by itself: killed.
+            with open(pid_file) as f:
+                pid = int(f.read().split()[0])
+            os.kill(pid, signal.SIGKILL)
+            run(["umount", "-l", tiny], check=False)
+
 
 if __name__ == "__main__":
     unittest.main()
