@@ -65,6 +65,9 @@ PlanFile::Stream* PlanFile::stream_locked(Writer writer, bool create) {
     if (known != *heir) forget_locked(known);
   }
   if (heir) {
+    // Its last line, unfinished when it exited (no newline at the end, or killed mid-line), is
+    // a line of its own: before, the new writer's first line was glued to it.
+    end_line_locked(*heir, streams_.at(*heir));
     auto node = streams_.extract(*heir);
     node.key() = writer;
     return &streams_.insert(std::move(node)).position->second;
@@ -140,17 +143,54 @@ void PlanFile::buffer_locked(Writer writer, Stream& s, std::string_view bytes) {
   }
 }
 
+int PlanFile::refuse(Writer writer, const std::string& what) {
+  refused_log_.log(spdlog::level::warn,
+                   fmt::format("plan (writer {}): {} refused with EINVAL: write at offset 0 to "
+                               "replace the writer's plan, at its end or with O_APPEND to extend "
+                               "it, truncate to 0 to clear it (a mount keeps {} writers' plans)",
+                               writer, what, kMaxPlanWriters));
+  return EINVAL;
+}
+
+void PlanFile::warn_unresolved_locked(Writer writer, const Stream& s, uint64_t before) {
+  if (s.unresolved > before && before == 0 && !s.first_unresolved.empty()) {
+    spdlog::warn(
+        "plan (writer {}): '{}' names no file of this mount (paths are relative to the mount, "
+        "starting with the dataset name); such lines are skipped",
+        writer, store::log_text(s.first_unresolved));
+  }
+}
+
+void PlanFile::end_line_locked(Writer writer, Stream& s) {
+  if (s.partial.empty() || s.oversized) {
+    s.oversized = false;
+    return;
+  }
+  const uint64_t unresolved_before = s.unresolved;
+  std::vector<prefetch::PrefetchEngine::PlannedFile> resolved;
+  resolve_locked(s, s.partial, resolved);
+  std::string().swap(s.partial);
+  warn_unresolved_locked(writer, s, unresolved_before);
+  engine_.plan_extend(s.plan, resolved, s.replacing);
+  s.replacing = false;
+}
+
 int PlanFile::write(const WriteContext& context, uint64_t offset, std::string_view data) {
   const Writer writer = context.writer;
   MutexLock lock(mutex_);
   Stream* const stream = stream_locked(writer, /*create=*/context.append || offset == 0);
-  if (stream == nullptr) return EINVAL;  // a new writer's plan is empty: 0 is its end
+  if (stream == nullptr) {  // a new writer's plan is empty: 0 is its end
+    return refuse(writer, fmt::format("a write at offset {}, but it has no plan yet", offset));
+  }
   Stream& s = *stream;
   s.last_written = ++write_clock_;
   if (!context.append) {
     // Written over from the start without truncating first: a new plan all the same.
     if (offset == 0 && s.size != 0) clear_locked(s);
-    if (offset != s.size) return EINVAL;  // only whole rewrites and appends mean anything
+    if (offset != s.size) {  // only whole rewrites and appends mean anything
+      return refuse(writer,
+                    fmt::format("a write at offset {}, but its plan ends at {}", offset, s.size));
+    }
   }
   if (s.size == 0) s.replacing = true;
   const uint64_t unresolved_before = s.unresolved;
@@ -173,12 +213,7 @@ int PlanFile::write(const WriteContext& context, uint64_t offset, std::string_vi
     }
     data.remove_prefix(newline + 1);
   }
-  if (s.unresolved > unresolved_before && unresolved_before == 0 && !s.first_unresolved.empty()) {
-    spdlog::warn(
-        "plan (writer {}): '{}' names no file of this mount (paths are relative to the mount, "
-        "starting with the dataset name); such lines are skipped",
-        writer, store::log_text(s.first_unresolved));
-  }
+  warn_unresolved_locked(writer, s, unresolved_before);
   engine_.plan_extend(s.plan, resolved, s.replacing);
   s.replacing = false;
   return 0;
@@ -188,11 +223,17 @@ int PlanFile::truncate(Writer writer, uint64_t size) {
   MutexLock lock(mutex_);
   Stream* const stream = stream_locked(writer, /*create=*/false);
   // A writer not yet known, with no plan to go on with, has an empty one.
-  if (stream == nullptr) return size == 0 ? 0 : EINVAL;
+  if (stream == nullptr) {
+    return size == 0 ? 0
+                     : refuse(writer, fmt::format("a truncation to {}, but it has no plan", size));
+  }
   Stream& s = *stream;
   s.last_written = ++write_clock_;
   if (size == s.size) return 0;
-  if (size != 0) return EINVAL;
+  if (size != 0) {
+    return refuse(writer,
+                  fmt::format("a truncation to {}, but its plan has {} bytes", size, s.size));
+  }
   clear_locked(s);
   return 0;
 }

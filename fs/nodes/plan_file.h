@@ -6,8 +6,10 @@
 // O_APPEND, wherever the kernel puts it) extends it, truncating to 0 clears it; any other offset
 // is EINVAL. A new writer takes over the plan of the last writer that exited, if any. A line longer
 // than kMaxPlanLineBytes (no path is) is not buffered: its bytes are dropped up to its newline and
-// it counts as unresolved. The engine receives resolved files only, under the writer's id, and
-// knows nothing of lines or errno.
+// it counts as unresolved. A writer's last line without a newline is read when another process
+// takes its plan over (the first write after it exited), never glued to that writer's first line.
+// The engine receives resolved files only, under the writer's id, and knows nothing of lines or
+// errno.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -19,6 +21,7 @@
 
 #include "fs/node.h"
 #include "prefetch/engine.h"
+#include "src/store/log_limiter.h"
 #include "src/store/thread_annotations.h"
 
 namespace dsfs::fs {
@@ -99,6 +102,15 @@ class PlanFile {
   // Appends the file `line` names to `out`, or counts the line as unresolved.
   void resolve_locked(Stream& s, std::string_view line,
                       std::vector<prefetch::PrefetchEngine::PlannedFile>& out)
+      DSFS_REQUIRES(mutex_);
+  // The writer's unfinished last line as a line of its own (the writer is gone: nothing will
+  // finish it); its file joins the plan.
+  void end_line_locked(Writer writer, Stream& s) DSFS_REQUIRES(mutex_);
+  // EINVAL for a write or truncation of `writer` that means nothing (`what`), logged (limited).
+  int refuse(Writer writer, const std::string& what);
+  store::LogLimiter refused_log_;
+  // Logs the first line that named no file, once per plan (`before`: s.unresolved until now).
+  void warn_unresolved_locked(Writer writer, const Stream& s, uint64_t before)
       DSFS_REQUIRES(mutex_);
   // Appends `bytes` of a line to s.partial, or drops them once the line is too long.
   void buffer_locked(Writer writer, Stream& s, std::string_view bytes) DSFS_REQUIRES(mutex_);

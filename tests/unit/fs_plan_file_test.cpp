@@ -380,6 +380,38 @@ TEST_F(PlanFileTest, ANewWriterGoesOnWithTheLastGoneWritersPlanAndTheOthersAreFo
   EXPECT_EQ(engine_writers(), 2u);
 }
 
+// A writer that exited mid-line (no newline at the end: `cat order.txt > plan`; or killed): its
+// last line is read as a line when the next writer takes the plan over. Before, it was never
+// read, and the new writer's first line was glued to it ("pl/f" + "pl/f1.bin").
+// A refused write or truncation was EINVAL with nothing in the log to say why.
+TEST_F(PlanFileTest, ARefusedWriteOrTruncationIsLogged) {
+  append("pl/f0.bin\n");
+  CapturedLog log;
+  EXPECT_EQ(plan_->write(me_, 5, "x\n"), EINVAL);
+  EXPECT_EQ(plan_->truncate(me_.writer, 7), EINVAL);
+  const std::vector<std::string> lines = log.lines();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("a write at offset 5, but its plan ends at 10"), std::string::npos);
+  EXPECT_NE(lines[1].find("a truncation to 7, but its plan has 10 bytes"), std::string::npos);
+}
+
+TEST_F(PlanFileTest, AGoneWritersLastLineWithoutANewlineIsALineOfItsOwn) {
+  std::set<uint64_t> live = {1};
+  PlanFile plan(*tree_, *engine_, [&](PlanFile::Writer w) { return live.contains(w); });
+  ASSERT_EQ(plan.write({.writer = 1}, 0, "pl/f0.bin\npl/f1.bin"), 0);
+  EXPECT_EQ(entries(), 1u);
+  live = {};
+  ASSERT_EQ(plan.write({.writer = 2, .append = true}, 0, "pl/f2.bin\n"), 0);
+  EXPECT_EQ(entries(), 3u);
+  EXPECT_EQ(plan.unresolved(), 0u);
+  // Killed mid-line: the half line is unresolved, and the next line is read as it is.
+  ASSERT_EQ(plan.write({.writer = 3}, 0, "pl/f0.bin\npl/f"), 0);  // 2 is gone: 3 goes on
+  EXPECT_EQ(entries(), 1u);
+  ASSERT_EQ(plan.write({.writer = 4, .append = true}, 0, "pl/f1.bin\n"), 0);
+  EXPECT_EQ(entries(), 2u);
+  EXPECT_EQ(plan.unresolved(), 1u);
+}
+
 TEST_F(PlanFileTest, AtMost64WritersAreKeptTheLeastRecentlyWrittenGoesFirst) {
   // Every writer taken for alive, so only the bound drops them.
   PlanFile plan(*tree_, *engine_, [](PlanFile::Writer) { return true; });
