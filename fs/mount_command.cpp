@@ -56,6 +56,8 @@ constexpr std::chrono::milliseconds kReadyWait{30000};
 // Below this a disk tier holds hardly an image (each takes a 4 KiB block at least, and a chunk up
 // to 4 MiB): a size like 4096 (a missing unit) is refused, not left to cache nothing.
 constexpr uint64_t kMinDiskCacheBytes = uint64_t{1} << 20;
+// Below this --cache-size holds few files (a warning says so).
+constexpr uint64_t kSmallCacheBytes = uint64_t{8} << 20;
 
 struct MountArgs {
   std::string mountpoint;
@@ -297,6 +299,15 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
                           std::chrono::milliseconds(static_cast<int64_t>(args.lease_ttl_s * 1000)));
   std::vector<prefetch::DatasetSnapshot> datasets =
       load_datasets(*client, keys, args.datasets, &leases);
+  if (args.cache_bytes < kSmallCacheBytes) {
+    // Accepted (tests and tiny machines use it), but not silently: with --cache-size 0 or 64KiB
+    // nothing was prefetched and every file was read past the cache, without a word.
+    spdlog::warn(
+        "--cache-size {} holds few files: a file larger than it is read past the cache, and "
+        "little is prefetched ahead; give at least {} (the default is {})",
+        store::mib_text(args.cache_bytes), store::mib_text(kSmallCacheBytes),
+        store::mib_text(default_cache_bytes()));
+  }
   try {
     if (const std::string risk = catalog::eviction_risk(*client); !risk.empty()) {
       spdlog::warn(
@@ -359,9 +370,9 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
                                              .threads = args.threads,
                                              .debug = args.debug_fuse});
   spdlog::info(
-      "mounted {} dataset(s) from {} (namespace '{}') on {}; cache {} MiB, timeout {} s{}{}",
-      dataset_count, client->describe(), global.ns, mountpoint.string(), args.cache_bytes >> 20,
-      args.timeout_s, args.verify ? ", verifying checksums" : "",
+      "mounted {} dataset(s) from {} (namespace '{}') on {}; cache {}, timeout {} s{}{}",
+      dataset_count, client->describe(), global.ns, store::log_text(mountpoint.string()),
+      store::mib_text(args.cache_bytes), args.timeout_s, args.verify ? ", verifying checksums" : "",
       disk_tier ? fmt::format(", disk cache {} ({} MiB)", disk_tier->options().dir.string(),
                               args.disk_cache_bytes >> 20)
                 : "");

@@ -211,7 +211,7 @@ void PrefetchEngine::stop() {
       queue->clear();
     }
   }
-  for (const Fetch& f : held) abandon(f, "the mount is stopping");
+  for (const Fetch& f : held) abandon(f, "the mount is stopping", /*quietly=*/true);
 }
 
 void PrefetchEngine::record_access(uint32_t dataset, uint32_t entry) {
@@ -560,9 +560,18 @@ void PrefetchEngine::complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis
   }
 }
 
-void PrefetchEngine::abandon(const Fetch& fetch, const std::string& why) {
+void PrefetchEngine::abandon(const Fetch& fetch, const std::string& why, bool quietly) {
   failures_.fetch_add(1, std::memory_order_relaxed);
-  spdlog::debug("prefetch of {} given up: {}", store::log_text(fetch.redis_key), why);
+  if (quietly) {
+    spdlog::debug("prefetch of {} given up: {}", store::log_text(fetch.redis_key), why);
+  } else {
+    // Not silent (a low `ulimit -n` failed thousands of prefetches with nothing in the log), but
+    // at most a line a minute: an outage fails every fetch, and the reads say so themselves.
+    failures_log_.log(spdlog::level::warn,
+                      fmt::format("prefetch of {} given up: {}; a read fetches it when it needs it "
+                                  "(stats.json prefetch.failures counts these)",
+                                  store::log_text(fetch.redis_key), store::log_text(why, 400)));
+  }
   cache_.abandon_prefetch(fetch.key, why);
   std::lock_guard lock(mutex_);
   --inflight_objects_;

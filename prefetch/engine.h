@@ -31,6 +31,7 @@
 #include "prefetch/predictors.h"
 #include "prefetch/read_stats.h"
 #include "src/store/client.h"
+#include "src/store/log_limiter.h"
 
 namespace dsfs::prefetch {
 
@@ -247,7 +248,9 @@ class PrefetchEngine {
   // Checks (with --verify), caches and hands on a fetched object; from_redis: also write it
   // behind to the disk tier.
   void complete(Fetch& fetch, ObjectBuffer buffer, bool from_redis);
-  void abandon(const Fetch& fetch, const std::string& why);
+  // `quietly`: at a stop, logged at debug only.
+  void abandon(const Fetch& fetch, const std::string& why, bool quietly = false);
+  store::LogLimiter failures_log_{1, std::chrono::minutes(1)};
   bool active_locked(std::chrono::steady_clock::time_point now) const;
   // Whether the disk tier holds at least half of a sample of the dataset's files.
   bool tier_holds_most_of(uint32_t dataset) const;

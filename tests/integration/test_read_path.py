@@ -54,6 +54,17 @@ class ReadPathTest(DsfsTestCase):
         self.assertLessEqual(self.stats(mnt)["requests"]["open"], 1)
         self.assertNotIn("release", self.stats(mnt)["requests"])
 
+    def test_a_cache_too_small_for_files_is_accepted_with_a_warning(self):
+        """--cache-size 64KiB (or 0): nothing was prefetched and every file was read past the
+        cache, without a word (audit B). Reads stay right; the mount says so once."""
+        mnt = os.path.join(self.tmp, "small")
+        os.makedirs(mnt)
+        res = self.dsfs("mount", mnt, "--cache-size", "64KiB")
+        self.mounts.append(mnt)
+        self.assertIn("--cache-size 0.1 MiB holds few files", res.stderr)
+        with open(os.path.join(self.tmp, "src", "cls", "large.bin"), "rb") as f:
+            self.assertEqual(self.read_all(os.path.join(mnt, "rp", "cls", "large.bin")), f.read())
+
     def test_rereads_come_from_the_page_cache(self):
         mnt = self.mount()
         path = os.path.join(mnt, "rp", "cls", "huge.bin")
