@@ -321,8 +321,9 @@ void run_mount(const MountArgs& args, const cli::GlobalOptions& global) {
   }
   if (datasets.empty()) {
     spdlog::warn(
-        "no dataset is published in namespace '{}' on {}; the mount shows only .meta "
-        "and .dsfs (ingest one with `dsfs ingest`)",
+        "no dataset of namespace '{}' on {} can be served (none is published, or each was "
+        "skipped: see above); the mount shows only .meta and .dsfs (ingest one with `dsfs "
+        "ingest`)",
         global.ns, client->describe());
   }
 

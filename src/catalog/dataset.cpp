@@ -601,7 +601,7 @@ uint64_t begin_generation(store::Client& client, const KeySchema& keys, const st
                     "gen = us end "
                     "return gen",
                     "1", keys.next_generation(name)})
-          .expect_ok("INCR nextgen")
+          .expect_ok("EVAL (the generation number: INCR and TIME)")
           .integer();
   // Recorded before any object is written, so GC and rm always find this generation's keys.
   client.command({"SADD", keys.generations(name), std::to_string(gen)}).expect_ok("SADD gens");

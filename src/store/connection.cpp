@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 
 namespace dsfs::store {
 namespace {
@@ -111,7 +112,10 @@ std::string_view Reply::element_str(const redisReply* r) {
 }
 
 const Reply& Reply::expect_ok(std::string_view context) const {
-  if (is_error()) throw ReplyError(fmt::format("{}: Redis replied '{}'", context, str()));
+  if (is_error()) {
+    throw ReplyError(
+        fmt::format("{}: Redis replied '{}'{}", context, log_text(str()), permission_hint(str())));
+  }
   return *this;
 }
 
@@ -205,7 +209,8 @@ void Connection::handshake() {
           "starts",
           endpoint_.describe()));
     }
-    throw ReplyError(fmt::format("Redis at {} rejected PING: {}", endpoint_.describe(), message));
+    throw ReplyError(fmt::format("Redis at {} rejected PING: {}{}", endpoint_.describe(),
+                                 log_text(message), permission_hint(message)));
   }
 }
 

@@ -27,4 +27,13 @@ inline bool is_transient_reply(std::string_view message) {
          message.starts_with("CLUSTERDOWN");
 }
 
+// What to do about a NOPERM reply (an ACL user without a command or a key pattern dsfs needs),
+// to append to the message; "" for any other reply.
+inline std::string_view permission_hint(std::string_view message) {
+  return message.starts_with("NOPERM")
+             ? "; the Redis user lacks a permission this needs: grant it (docs/deploy.md, \"ACL "
+               "users\", lists what each dsfs command needs)"
+             : "";
+}
+
 }  // namespace dsfs::store

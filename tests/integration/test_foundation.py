@@ -479,6 +479,28 @@ class AuthTest(DsfsTestCase):
         self.assertIn("a", run([DSFS, "list"], env=env).stdout)
 
 
+    def test_a_user_without_a_permission_is_told_so_not_that_the_dataset_is_damaged(self):
+        """A user with reads only: `rm` said the dataset was damaged and to pass --force (which
+        skips the check that protects mounts); ingest named the wrong command (audit A)."""
+        from urllib.parse import quote
+        url = f"redis://:{quote(self.redis_password)}@127.0.0.1:{self.redis.port}"
+        run([DSFS, "ingest", os.path.join(SOURCE, "class_0002"), "--dataset", "a",
+             "--redis", url], env=self.env)
+        self.redis.cli("ACL", "SETUSER", "reader", "on", ">pw3", "~*", "+@read", "+ping")
+        reader = f"redis://reader:pw3@127.0.0.1:{self.redis.port}"
+        res = run([DSFS, "rm", "a", "--redis", reader], env=self.env, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("NOPERM", res.stderr)
+        self.assertIn("ACL users", res.stderr)
+        self.assertNotIn("damaged", res.stderr)
+        res = run([DSFS, "ingest", os.path.join(SOURCE, "class_0002"), "--dataset", "b",
+                   "--redis", reader], env=self.env, check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("EVAL", res.stderr)
+        self.assertIn("ACL users", res.stderr)
+        self.assertIn("a", run([DSFS, "list", "--redis", url], env=self.env).stdout)
+
+
 class EmbeddedServerTest(DsfsTestCase):
     def tearDown(self):
         run([DSFS, "server", "stop"], env=self.env, check=False)
