@@ -94,6 +94,8 @@ void RedisPieceWriter::put_piece(const PieceKey& key, std::string bytes, bool co
   std::unique_lock lock(mutex_);
   if (stop_requested()) throw StopRequested();
   bytes_put_ += size;  // reserved before it was read
+  // (A piece put without a reservation is counted now, so that its release cannot underflow.)
+  bytes_in_flight_ = std::max(bytes_in_flight_, bytes_put_);
   queue_.push_back(Piece{std::move(redis_key), std::move(bytes), completes_object});
   lock.unlock();
   queue_ready_.notify_one();

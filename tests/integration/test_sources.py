@@ -29,6 +29,17 @@ def http_server(root):
         server.server_close()
 
 
+def write_random_files(directory, prefix, count, size):
+    """Writes DIRECTORY/PREFIX{i}.bin of `size` random bytes each; returns {name: bytes}."""
+    os.makedirs(directory)
+    files = {}
+    for i in range(count):
+        files[f"{prefix}{i}.bin"] = os.urandom(size)
+        with open(os.path.join(directory, f"{prefix}{i}.bin"), "wb") as f:
+            f.write(files[f"{prefix}{i}.bin"])
+    return files
+
+
 class SourcesTest(DsfsTestCase):
     def setUp(self):
         super().setUp()
@@ -126,13 +137,7 @@ class SourcesTest(DsfsTestCase):
         8 MiB (a peak of about 250 MB here); a chunk is counted before it is read now, so one
         such chunk is in memory at a time (about 120 MB: it, its SET on the wire, the process)."""
         big = os.path.join(self.tmp, "big")
-        os.makedirs(big)
-        sources = {}
-        for i in range(4):
-            data = os.urandom(48 << 20)
-            with open(os.path.join(big, f"f{i}.bin"), "wb") as f:
-                f.write(data)
-            sources[f"f{i}.bin"] = data
+        sources = write_random_files(big, "f", 4, 48 << 20)
         peak = self.peak_rss_of("ingest", big, "--dataset", "big", "--chunk-size", "32MiB",
                                 "-j", "4", "--max-in-flight", "8MiB", "--progress", "none")
         self.assertLess(peak, 5 * (32 << 20), f"peak RSS {peak >> 20} MiB")
@@ -146,13 +151,7 @@ class SourcesTest(DsfsTestCase):
         they come; jobs that each hold part of a chunk larger than the bound never wait on one
         another (a hang guard), and every byte arrives."""
         web = os.path.join(self.tmp, "web")
-        os.makedirs(web)
-        sources = {}
-        for i in range(3):
-            data = os.urandom(20 << 20)
-            with open(os.path.join(web, f"u{i}.bin"), "wb") as f:
-                f.write(data)
-            sources[f"u{i}.bin"] = data
+        sources = write_random_files(web, "u", 3, 20 << 20)
         with http_server(web) as base:
             urls = os.path.join(self.tmp, "urls.txt")
             with open(urls, "w") as f:

@@ -155,6 +155,14 @@ class DiskTierTest : public ::testing::Test {
     }
   }
 
+  // A tier the prefetch engine tells epochs to (--prefetch auto or plan), started.
+  std::unique_ptr<DiskTier> open_following_epochs(uint64_t capacity) {
+    auto tier = std::make_unique<DiskTier>(DiskTierOptions{
+        .dir = dir_.path() / "tier", .capacity_bytes = capacity, .follows_epochs = true});
+    tier->start();
+    return tier;
+  }
+
   std::filesystem::path index_path() const { return dir_.path() / "tier" / "index"; }
 
   bool page_cache_first_ = true;
@@ -536,9 +544,7 @@ uint64_t read_epoch(DiskTier& tier, const std::vector<uint64_t>& order) {
 // evicts each file just before its next read (no hits at all); keeping the files read in the last
 // epoch serves the tier's share of every epoch from disk.
 TEST_F(DiskTierTest, EpochsInOneOrderFindTheTiersShareOnDisk) {
-  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
-      .dir = dir_.path() / "tier", .capacity_bytes = 4 * 4096, .follows_epochs = true});
-  tier->start();
+  auto tier = open_following_epochs(4 * 4096);
   std::vector<uint64_t> order(10);
   std::iota(order.begin(), order.end(), 1);
   EXPECT_EQ(read_epoch(*tier, order), 0u);
@@ -551,9 +557,7 @@ TEST_F(DiskTierTest, EpochsInOneOrderFindTheTiersShareOnDisk) {
 }
 
 TEST_F(DiskTierTest, ShuffledEpochsFindTheTiersShareOnDisk) {
-  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
-      .dir = dir_.path() / "tier", .capacity_bytes = 4 * 4096, .follows_epochs = true});
-  tier->start();
+  auto tier = open_following_epochs(4 * 4096);
   std::vector<uint64_t> order(10);
   std::iota(order.begin(), order.end(), 1);
   std::mt19937 random(7);
@@ -569,9 +573,7 @@ TEST_F(DiskTierTest, ShuffledEpochsFindTheTiersShareOnDisk) {
 // room for new ones; files of this epoch and the last are kept, and a write that needs one of
 // them gone is declined.
 TEST_F(DiskTierTest, FilesNotReadForAWholeEpochMakeRoom) {
-  auto tier = std::make_unique<DiskTier>(DiskTierOptions{
-      .dir = dir_.path() / "tier", .capacity_bytes = 4 * 4096, .follows_epochs = true});
-  tier->start();
+  auto tier = open_following_epochs(4 * 4096);
   fill(*tier, 1, 4, 4000);
   EXPECT_FALSE(tier->put(key(5), object(4000, 5)));  // all four written this epoch
   tier->new_epoch();
