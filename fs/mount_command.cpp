@@ -125,17 +125,7 @@ unsigned render_ahead_threads(const std::string& text) {
 // 25% cache, 3,000 files, 3,029-3,113 -> 3,524-3,573 files/s, 430 -> 325 us of daemon CPU per
 // file (docs/benchmarks.md). glibc's own settings in the environment win.
 void tune_malloc() {
-  constexpr int kArenas = 2;
-  constexpr int kMmapThreshold = 32 << 20;  // the most glibc accepts on 64-bit
-  if (std::getenv("MALLOC_ARENA_MAX") == nullptr && mallopt(M_ARENA_MAX, kArenas) != 1) {
-    spdlog::debug("mallopt(M_ARENA_MAX) failed");
-  }
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  const bool threshold_set = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
-                             (tunables != nullptr && std::strstr(tunables, "mmap_threshold"));
-  if (!threshold_set && mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1) {
-    spdlog::debug("mallopt(M_MMAP_THRESHOLD) failed");
-  }
+  cli::tune_malloc(/*arenas=*/2, /*mmap_threshold=*/32 << 20);  // the most glibc accepts
 }
 
 // Units for durations: a bare number is seconds.

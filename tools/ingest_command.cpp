@@ -112,6 +112,11 @@ void register_ingest_command(CLI::App& app, cli::GlobalOptions& global) {
 
   sub->callback([state, &global] {
     cli::apply_log_level(global);
+    // Each reading thread's chunk buffer came from its own malloc arena and stayed there once
+    // freed: RSS grew to about threads x chunk size whatever --max-in-flight said (measured,
+    // -j 16, 8 MiB chunks, a 2 MiB bound: 245 MB; 57 MB with this, and no slower). Buffers of
+    // 1 MiB and more are mapped and given back when freed.
+    cli::tune_malloc(/*arenas=*/2, /*mmap_threshold=*/1 << 20);
     IngestOptions options = state->options;
     options.source = state->source;
     options.labels = parse_label_mode(state->labels);

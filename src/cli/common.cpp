@@ -1,6 +1,7 @@
 #include "src/cli/common.h"
 
 #include <fmt/core.h>
+#include <malloc.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -238,6 +239,18 @@ std::string unreadable_in_mount(const std::string& file, const std::string& moun
       advice = fmt::format("is {} still a dsfs mount?", mount);
   }
   return fmt::format("cannot read {}: {}; {}", file, std::strerror(error), advice);
+}
+
+void tune_malloc(int arenas, int mmap_threshold) {
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr && mallopt(M_ARENA_MAX, arenas) != 1) {
+    spdlog::debug("mallopt(M_ARENA_MAX) failed");
+  }
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  const bool threshold_set = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
+                             (tunables != nullptr && std::strstr(tunables, "mmap_threshold"));
+  if (!threshold_set && mallopt(M_MMAP_THRESHOLD, mmap_threshold) != 1) {
+    spdlog::debug("mallopt(M_MMAP_THRESHOLD) failed");
+  }
 }
 
 }  // namespace dsfs::cli

@@ -69,6 +69,11 @@ std::string unreadable_in_mount(const std::string& file, const std::string& moun
 // Applies --log-level to spdlog's default logger (stderr).
 void apply_log_level(const GlobalOptions& options);
 
+// Sets glibc's malloc to `arenas` arenas and a fixed mmap threshold (allocations of at least
+// that many bytes are mapped, and unmapped when freed), unless the environment sets them
+// (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, GLIBC_TUNABLES). Call before starting threads.
+void tune_malloc(int arenas, int mmap_threshold);
+
 }  // namespace dsfs::cli
 
 namespace dsfs::cli {

@@ -133,14 +133,16 @@ class SourcesTest(DsfsTestCase):
         return int(res.stdout.split()[-1]) * 1024
 
     def test_max_in_flight_bounds_memory_with_chunks_larger_than_it(self):
-        """Four jobs each read a 32 MiB chunk into memory before it counted against a bound of
-        8 MiB (a peak of about 250 MB here); a chunk is counted before it is read now, so one
-        such chunk is in memory at a time (about 120 MB: it, its SET on the wire, the process)."""
+        """Sixteen jobs each read an 8 MiB chunk into memory before it counted against a bound of
+        2 MiB, and each thread's malloc arena kept a chunk's worth once freed: a peak of about
+        245 MB here. A chunk is counted before it is read now (one such chunk at a time), and
+        chunk buffers are given back when freed: about 57 MB (the chunk, its SET on the wire, a
+        1 MiB read block per job, the process)."""
         big = os.path.join(self.tmp, "big")
-        sources = write_random_files(big, "f", 4, 48 << 20)
-        peak = self.peak_rss_of("ingest", big, "--dataset", "big", "--chunk-size", "32MiB",
-                                "-j", "4", "--max-in-flight", "8MiB", "--progress", "none")
-        self.assertLess(peak, 5 * (32 << 20), f"peak RSS {peak >> 20} MiB")
+        sources = write_random_files(big, "f", 16, 12 << 20)
+        peak = self.peak_rss_of("ingest", big, "--dataset", "big", "--chunk-size", "8MiB",
+                                "-j", "16", "--max-in-flight", "2MiB", "--progress", "none")
+        self.assertLess(peak, 12 * (8 << 20), f"peak RSS {peak >> 20} MiB")
         mnt = self.mount()
         for name, data in sources.items():
             with open(os.path.join(mnt, "big", name), "rb") as f:
