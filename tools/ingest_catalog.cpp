@@ -137,12 +137,14 @@ SampleMetadata parse_metadata_jsonl(std::istream& in, std::string_view file_name
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto where = [&] { return fmt::format("{}:{}", file_name, line_number); };
+    // The line's object is the sample's metadata ("path" taken out): the same depth, the one
+    // CatalogBuilder checks, told here with the line.
     if (const size_t depth = catalog::json_nesting_depth(line);
-        depth > catalog::kMaxMetadataDepth + 1) {  // the line's own object is one level
+        depth > catalog::kMaxMetadataDepth) {
       throw std::invalid_argument(
-          fmt::format("{}: the metadata nests {} levels deep, more than dsfs keeps ({}); flatten "
-                      "it",
-                      where(), depth - 1, catalog::kMaxMetadataDepth));
+          fmt::format("{}: the metadata nests {} levels deep (its object included), more than "
+                      "dsfs keeps ({}); flatten it",
+                      where(), depth, catalog::kMaxMetadataDepth));
     }
     nlohmann::json object;
     try {

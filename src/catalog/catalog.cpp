@@ -202,8 +202,10 @@ void CatalogBuilder::add_file(std::string_view relative_path, uint64_t size, int
                               std::string metadata_json) {
   const auto components = split_relative_path(relative_path);
   if (const size_t depth = json_nesting_depth(metadata_json); depth > kMaxMetadataDepth) {
-    throw std::invalid_argument(fmt::format("metadata of '{}' nests {} levels deep, more than {}",
-                                            relative_path, depth, kMaxMetadataDepth));
+    throw std::invalid_argument(
+        fmt::format("metadata of '{}' nests {} levels deep (its object "
+                    "included), more than {}",
+                    relative_path, depth, kMaxMetadataDepth));
   }
   if (!metadata_json.empty()) {
     const auto parsed = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);

@@ -96,7 +96,7 @@ class SourcesTest(DsfsTestCase):
                         check=False)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("deep.jsonl:2", res.stderr)
-        self.assertIn("nests 60000 levels deep", res.stderr)
+        self.assertIn("nests 60001 levels deep", res.stderr)
         self.assertNotIn("deep", self.dsfs("list").stdout.split())
 
     def test_url_list(self):
