@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/core.h>
-#include <malloc.h>
 #include <poll.h>
 #include <spawn.h>
 #include <spdlog/sinks/basic_file_sink.h>

@@ -10,7 +10,6 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "prefetch/dataset_snapshot.h"

@@ -1,5 +1,4 @@
 #include "src/store/embedded_server.h"
-#include "src/store/log_text.h"
 
 #include <fmt/core.h>
 #include <pwd.h>
@@ -17,6 +16,7 @@
 
 #include "src/store/connection.h"
 #include "src/store/errors.h"
+#include "src/store/log_text.h"
 #include "src/store/redis_process.h"
 
 namespace dsfs::store {
